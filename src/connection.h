@@ -1,0 +1,208 @@
+// SPDX-License-Identifier: MIT
+// A stream connection over one libfabric MSG endpoint.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+
+#include "credits.h"
+#include "fabric.h"
+#include "ring.h"
+#include "settings.h"
+#include "wire.h"
+
+namespace rstream {
+
+class Listener;
+class ProgressThread;
+
+// Flags for send/recv.
+enum IoFlags : int {
+    kNonBlock = 1 << 0, // return -EAGAIN instead of waiting
+    kPeek = 1 << 1,     // recv: copy without consuming
+    kWaitAll = 1 << 2,  // recv: wait for the whole length (or EOF/error)
+};
+
+// Events for wait().
+enum WaitEvents : int {
+    kReadable = 1 << 0,
+    kWritable = 1 << 1,
+};
+
+class Connection
+{
+public:
+    explicit Connection(const Settings &settings = Settings::fromEnv());
+    ~Connection();
+    Connection(const Connection &) = delete;
+    Connection &operator=(const Connection &) = delete;
+
+    // Settings may change until connect().
+    Settings &settings() { return settings_; }
+
+    // Binds the local address used to connect. Optional.
+    int bind(const sockaddr *addr, socklen_t len);
+
+    // Starts connecting. Blocking: 0 when established, or -errno. Nonblocking: -EINPROGRESS,
+    // then connectResult() or wait(kWritable) tell when it is done.
+    int connect(const sockaddr *addr, socklen_t len, bool nonblock = false);
+    // 0 once established, -EINPROGRESS while connecting, -errno if it failed (kept sticky).
+    int connectResult();
+
+    // Bytes sent (maybe fewer than len), or -EAGAIN/-EPIPE/-ECONNRESET/-ENOTCONN/-EINTR/-ETIMEDOUT.
+    // timeoutMs < 0 waits forever; ignored with kNonBlock.
+    ssize_t send(const void *buf, size_t len, int flags = 0, int timeoutMs = -1);
+    ssize_t sendv(const iovec *iov, int iovcnt, int flags = 0, int timeoutMs = -1);
+    // Bytes received, 0 at EOF, or -errno.
+    ssize_t recv(void *buf, size_t len, int flags = 0, int timeoutMs = -1);
+    ssize_t recvv(const iovec *iov, int iovcnt, int flags = 0, int timeoutMs = -1);
+
+    // Readiness, making progress as it asks. peekRecv: bytes readable now, 0 at EOF, -EAGAIN
+    // when nothing yet, -errno on error. peekSend: bytes that can be queued now (0 = full), or
+    // -errno (-ENOTCONN while connecting, -EPIPE after shutdown(WR), -ECONNRESET).
+    ssize_t peekRecv();
+    ssize_t peekSend();
+
+    // shutdown(2) semantics: SHUT_RD, SHUT_WR, SHUT_RDWR.
+    int shutdown(int how);
+    // Graceful close: data already accepted is still delivered, then the peer sees EOF. The
+    // object may be destroyed right after; delivery finishes in the background.
+    static void close(std::unique_ptr<Connection> conn);
+    // Abortive close: the peer sees ECONNRESET.
+    static void abort(std::unique_ptr<Connection> conn);
+
+    // The fd to poll for any change of this connection (data, space, connection, EOF).
+    int waitFd() const { return waitFd_; }
+    // Arms the wait fd before sleeping on it: 0 when it is safe to sleep, -EAGAIN when events
+    // are already pending (make progress and look again instead).
+    int arm();
+    // Waits up to timeoutMs (<0 forever) for any of events; returns the events ready (0 on
+    // timeout), or -EINTR. Errors and EOF count as ready for both.
+    int wait(int events, int timeoutMs);
+
+    int localAddress(sockaddr_storage *addr, socklen_t *len) const;
+    int peerAddress(sockaddr_storage *addr, socklen_t *len) const;
+
+    bool iwarpMode() const { return iwarp_; }
+
+    // Statistics.
+    uint64_t bytesSent() const { return bytesSent_.load(std::memory_order_relaxed); }
+    uint64_t bytesReceived() const { return bytesReceived_.load(std::memory_order_relaxed); }
+
+    // For the progress thread: makes progress if nobody else is; true while work remains
+    // that needs progress without the application (unsent or in-flight data, owed messages).
+    bool backgroundProgress(bool *closedDone);
+
+private:
+    friend class Listener;
+    enum class State { Idle, Connecting, Accepting, Connected, Closed };
+
+    struct TxOp {
+        fi_context2 ctx;
+        uint64_t len; // ring bytes released on completion
+        bool done;
+    };
+    struct RxSlot {
+        fi_context2 ctx;
+    };
+
+    int setup(const fi_info *info);
+    int openEndpoint(fi_info *info);
+    int registerMemory();
+    int postReceive(uint32_t index);
+    int startAccept(fi_info *connreq, const wire::Hello &peer);
+    int applyPeerHello(const wire::Hello &peer);
+    wire::Hello localHello() const;
+
+    // All below run with mutex_ held.
+    void progressLocked();
+    void processEqLocked();
+    void processCqLocked();
+    void handleWordLocked(uint32_t word, bool consumedSlot);
+    void onTxCompleteLocked(TxOp *op);
+    void flushLocked(bool force);
+    int sendWordLocked(uint32_t word);
+    void sendCreditsLocked(bool force);
+    void failLocked(int err, const char *why);
+    void disconnectLocked(wire::Ctrl how);
+    bool needsBackgroundLocked() const;
+    ssize_t peekRecvLocked() const;
+    ssize_t peekSendLocked() const;
+    void watch();
+
+    int waitFor(int events, int64_t deadlineNs);
+
+    Settings settings_;
+    std::shared_ptr<Domain> domain_;
+    fi_info *info_ = nullptr;
+    fid_ep *ep_ = nullptr;
+    fid_eq *eq_ = nullptr;
+    fid_cq *cq_ = nullptr;
+    fid_wait *waitSet_ = nullptr;
+    int waitFd_ = -1;
+    fid_mr *localMr_ = nullptr;
+    fid_mr *remoteMr_ = nullptr;
+    void *localDesc_ = nullptr;
+
+    uint8_t *mem_ = nullptr; // send ring | receive ring | receive slot words
+    size_t memSize_ = 0;
+    uint8_t *sendBase_ = nullptr;
+    uint8_t *recvBase_ = nullptr;
+    uint32_t *slotWords_ = nullptr; // one per posted receive (iWarp payloads)
+    uint32_t *ctrlWords_ = nullptr; // sources for control sends that cannot be injected
+
+    std::mutex mutex_;     // state, rings, credits, the CQ and EQ
+    std::mutex sendMutex_; // one sender at a time (copies run without mutex_)
+    std::mutex recvMutex_; // one receiver at a time
+
+    State state_ = State::Idle;
+    int error_ = 0; // sticky -errno once the connection failed
+    bool iwarp_ = false;
+    bool peerShutWr_ = false;  // EOF arrives after the ring drains
+    bool peerGone_ = false;    // the provider reported the endpoint shut down
+    bool shutWr_ = false;      // we want SHUT_WR sent after the data
+    bool shutWrSent_ = false;
+    bool shutRd_ = false;
+    bool closing_ = false;     // close(): disconnect once the data is delivered
+    bool closed_ = false;      // disconnect sent, endpoint shut down
+    int64_t connectDeadlineNs_ = 0;
+    int64_t closeDeadlineNs_ = 0;
+    bool watched_ = false;     // registered with the progress thread
+
+    SendRing tx_;
+    RecvRing rx_;
+    PeerCredits peer_;
+    LocalCredits local_;
+    uint64_t peerRingAddr_ = 0;
+    uint64_t peerKey_ = 0;
+    uint32_t pendingWords_[4] = {}; // control words waiting for a slot or queue space
+    unsigned pendingCount_ = 0;
+
+    TxOp *txOps_ = nullptr; // txCap_ entries, used in order
+    uint32_t txCap_ = 0;
+    uint64_t txHead_ = 0; // oldest op not yet released
+    uint64_t txNext_ = 0; // next op to use
+    RxSlot *rxSlots_ = nullptr;
+    uint32_t rxCount_ = 0;
+    uint64_t writesInFlight_ = 0;
+
+    sockaddr_storage localAddr_{};
+    socklen_t localLen_ = 0;
+    sockaddr_storage peerAddr_{};
+    socklen_t peerLen_ = 0;
+
+    std::atomic<uint64_t> bytesSent_{0};
+    std::atomic<uint64_t> bytesReceived_{0};
+};
+
+} // namespace rstream

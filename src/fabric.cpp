@@ -1,0 +1,200 @@
+// SPDX-License-Identifier: MIT
+// Provider selection and the shared fabric/domain cache.
+
+#include "fabric.h"
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <netinet/in.h>
+#include <sys/random.h>
+
+#include "log.h"
+
+namespace rstream {
+
+namespace {
+
+constexpr uint32_t kApiVersion = FI_VERSION(1, 17);
+
+std::mutex gDomainsMutex;
+std::map<std::string, std::weak_ptr<Domain>> gDomains;
+std::map<std::string, fid_fabric *> gFabrics; // fabrics live for the process
+
+fi_info *baseHints(const Settings &settings, const std::string &prov)
+{
+    fi_info *hints = fi_allocinfo();
+    if (!hints)
+        return nullptr;
+    hints->ep_attr->type = FI_EP_MSG;
+    hints->caps = FI_MSG | FI_RMA | FI_SEND | FI_RECV | FI_WRITE | FI_REMOTE_WRITE;
+    hints->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
+    hints->domain_attr->threading = FI_THREAD_SAFE;
+    hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
+    if (settings.strict)
+        hints->domain_attr->mr_mode = FI_MR_BASIC;
+    else
+        hints->domain_attr->mr_mode =
+            FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+    hints->fabric_attr->prov_name = strdup(prov.c_str());
+    return hints;
+}
+
+bool providerUsable(const std::string &prov)
+{
+    Settings s;
+    fi_info *hints = baseHints(s, prov);
+    if (!hints)
+        return false;
+    fi_info *info = nullptr;
+    int ret = fi_getinfo(kApiVersion, nullptr, nullptr, 0, hints, &info);
+    fi_freeinfo(hints);
+    if (info)
+        fi_freeinfo(info);
+    return ret == 0;
+}
+
+} // namespace
+
+int fiErr(int ret)
+{
+    if (ret >= 0)
+        return ret;
+    int e = -ret;
+    switch (e) {
+    case FI_EAGAIN:
+        return -EAGAIN;
+    case FI_ECONNREFUSED:
+        return -ECONNREFUSED;
+    case FI_ETIMEDOUT:
+        return -ETIMEDOUT;
+    case FI_ENOKEY:
+        return -ENOKEY;
+    case FI_ENODATA:
+        return -ENODATA;
+    default:
+        return e < FI_ERRNO_OFFSET ? -e : -EIO;
+    }
+}
+
+uint64_t randomKey()
+{
+    uint64_t v = 0;
+    while (getrandom(&v, sizeof(v), 0) != sizeof(v)) {
+    }
+    return v;
+}
+
+const std::string &chooseProvider(const Settings &settings)
+{
+    static std::once_flag once;
+    static std::string chosen;
+    if (!settings.provider.empty())
+        return settings.provider;
+    std::call_once(once, [] {
+        chosen = providerUsable("verbs") ? "verbs" : "tcp";
+        RS_LOG(Debug, "provider %s chosen", chosen.c_str());
+    });
+    return chosen;
+}
+
+int getInfo(const Settings &settings, const sockaddr *src, socklen_t srcLen, const sockaddr *dst,
+            socklen_t dstLen, fi_info **out)
+{
+    const std::string &prov = chooseProvider(settings);
+    fi_info *hints = baseHints(settings, prov);
+    if (!hints)
+        return -ENOMEM;
+    const sockaddr *any = dst ? dst : src;
+    if (any)
+        hints->addr_format = any->sa_family == AF_INET6 ? FI_SOCKADDR_IN6 : FI_SOCKADDR_IN;
+    uint64_t flags = 0;
+    if (src) {
+        hints->src_addr = malloc(srcLen);
+        memcpy(hints->src_addr, src, srcLen);
+        hints->src_addrlen = srcLen;
+    }
+    if (dst) {
+        hints->dest_addr = malloc(dstLen);
+        memcpy(hints->dest_addr, dst, dstLen);
+        hints->dest_addrlen = dstLen;
+    } else {
+        flags |= FI_SOURCE;
+    }
+    fi_info *info = nullptr;
+    int ret = fi_getinfo(kApiVersion, nullptr, nullptr, flags, hints, &info);
+    fi_freeinfo(hints);
+    if (ret) {
+        RS_LOG(Debug, "fi_getinfo(%s): %s", prov.c_str(), fi_strerror(-ret));
+        return ret == -FI_ENODATA ? -EADDRNOTAVAIL : fiErr(ret);
+    }
+    // Keep the first match only.
+    if (info->next) {
+        fi_freeinfo(info->next);
+        info->next = nullptr;
+    }
+    info->tx_attr->size = std::min<size_t>(info->tx_attr->size, settings.txSize);
+    info->rx_attr->size = std::min<size_t>(info->rx_attr->size, settings.rxSize);
+    *out = info;
+    return 0;
+}
+
+Domain::~Domain()
+{
+    if (domain_)
+        fi_close(&domain_->fid);
+}
+
+int Domain::get(const fi_info *info, bool strict, std::shared_ptr<Domain> *out)
+{
+    std::string key = std::string(info->fabric_attr->prov_name) + "/" + info->fabric_attr->name +
+                      "/" + info->domain_attr->name + (strict ? "/strict" : "");
+    std::lock_guard<std::mutex> lock(gDomainsMutex);
+    if (auto d = gDomains[key].lock()) {
+        *out = d;
+        return 0;
+    }
+    fid_fabric *&fabric = gFabrics[key];
+    if (!fabric) {
+        int ret = fi_fabric(info->fabric_attr, &fabric, nullptr);
+        if (ret) {
+            fabric = nullptr;
+            return fiErr(ret);
+        }
+    }
+    auto d = std::make_shared<Domain>();
+    d->fabric_ = fabric;
+    int ret = fi_domain(fabric, const_cast<fi_info *>(info), &d->domain_, nullptr);
+    if (ret) {
+        d->domain_ = nullptr;
+        return fiErr(ret);
+    }
+    ProviderCaps &c = d->caps_;
+    uint64_t mr = info->domain_attr->mr_mode;
+    if (mr & FI_MR_BASIC)
+        mr |= FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED;
+    c.name = info->fabric_attr->prov_name;
+    // Strict mode registers local buffers and passes descriptors as verbs requires.
+    c.mrLocal = (mr & FI_MR_LOCAL) || strict;
+    c.virtAddr = mr & FI_MR_VIRT_ADDR;
+    c.provKey = mr & FI_MR_PROV_KEY;
+    c.mrEndpoint = mr & FI_MR_ENDPOINT;
+    c.rxCqData = info->mode & FI_RX_CQ_DATA;
+    c.cqDataSize = info->domain_attr->cq_data_size;
+    c.keySize = info->domain_attr->mr_key_size ? info->domain_attr->mr_key_size : 8;
+    c.injectSize = info->tx_attr->inject_size;
+    c.maxCmData = info->ep_attr->max_msg_size ? 256 : 0;
+    c.maxTx = static_cast<uint32_t>(info->tx_attr->size);
+    c.maxRx = static_cast<uint32_t>(info->rx_attr->size);
+    c.iwarp = info->ep_attr->protocol == FI_PROTO_IWARP || c.cqDataSize < 4;
+    RS_LOG(Debug, "domain %s: mr_local=%d virt_addr=%d prov_key=%d mr_ep=%d rx_cq_data=%d "
+                  "cq_data=%zu inject=%zu tx=%u rx=%u iwarp=%d",
+           key.c_str(), c.mrLocal, c.virtAddr, c.provKey, c.mrEndpoint, c.rxCqData, c.cqDataSize,
+           c.injectSize, c.maxTx, c.maxRx, c.iwarp);
+    gDomains[key] = d;
+    *out = d;
+    return 0;
+}
+
+} // namespace rstream

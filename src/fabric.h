@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: MIT
+// The libfabric core provider: choice, fi_getinfo, and shared fabric/domain objects.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <sys/socket.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+
+#include "settings.h"
+
+namespace rstream {
+
+// What the provider told fi_getinfo it needs; the engine follows these, never tcp's habits.
+struct ProviderCaps {
+    std::string name;
+    bool mrLocal = false;    // FI_MR_LOCAL: local buffers registered, descriptors passed
+    bool virtAddr = false;   // FI_MR_VIRT_ADDR: targets are virtual addresses, else offsets
+    bool provKey = false;    // FI_MR_PROV_KEY: the provider chooses keys
+    bool mrEndpoint = false; // FI_MR_ENDPOINT: MRs are bound to the endpoint
+    bool rxCqData = false;   // FI_RX_CQ_DATA: writes with data consume posted receives
+    size_t cqDataSize = 0;   // bytes of immediate data; 0 means none (iWarp mode)
+    size_t keySize = 8;      // bytes of a requested key
+    size_t injectSize = 0;
+    size_t maxCmData = 0;
+    uint32_t maxTx = 0;
+    uint32_t maxRx = 0;
+    bool iwarp = false; // the provider's protocol has no write with immediate
+};
+
+// A fabric and domain pair shared by every endpoint on it.
+class Domain
+{
+public:
+    ~Domain();
+    fid_fabric *fabric() const { return fabric_; }
+    fid_domain *domain() const { return domain_; }
+    const ProviderCaps &caps() const { return caps_; }
+
+    // Finds or opens the domain that info names.
+    static int get(const fi_info *info, bool strict, std::shared_ptr<Domain> *out);
+
+private:
+    fid_fabric *fabric_ = nullptr;
+    fid_domain *domain_ = nullptr;
+    ProviderCaps caps_;
+};
+
+// The provider to use: Settings::provider, else verbs when it reports a device, else tcp.
+const std::string &chooseProvider(const Settings &settings);
+
+// fi_getinfo for an endpoint that connects to dst (from src when given), or, with dst null,
+// for a passive endpoint on src. Queue sizes are clamped to what the provider offers.
+int getInfo(const Settings &settings, const sockaddr *src, socklen_t srcLen, const sockaddr *dst,
+            socklen_t dstLen, fi_info **out);
+
+// Converts a libfabric return code to -errno.
+int fiErr(int ret);
+
+// A random 64-bit value from the kernel (for MR keys).
+uint64_t randomKey();
+
+} // namespace rstream

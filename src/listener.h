@@ -1,0 +1,57 @@
+// SPDX-License-Identifier: MIT
+// A passive endpoint that accepts stream connections.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <sys/socket.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_eq.h>
+
+#include "connection.h"
+#include "fabric.h"
+#include "settings.h"
+
+namespace rstream {
+
+class Listener
+{
+public:
+    explicit Listener(const Settings &settings = Settings::fromEnv());
+    ~Listener();
+    Listener(const Listener &) = delete;
+    Listener &operator=(const Listener &) = delete;
+
+    // Settings apply to the connections accepted from now on.
+    Settings &settings() { return settings_; }
+
+    int bind(const sockaddr *addr, socklen_t len);
+    int listen(int backlog);
+    // A new connection, or -EAGAIN (nonblocking) / -EINTR / -ETIMEDOUT (timeoutMs >= 0).
+    int accept(std::unique_ptr<Connection> *out, bool nonblock = false, int timeoutMs = -1);
+
+    // Readable when a connection request is waiting.
+    int waitFd() const { return waitFd_; }
+    // 0 when it is safe to sleep on waitFd(), -EAGAIN when a request is already pending.
+    int arm();
+
+    int localAddress(sockaddr_storage *addr, socklen_t *len) const;
+
+private:
+    int acceptOne(std::unique_ptr<Connection> *out);
+
+    Settings settings_;
+    std::shared_ptr<Domain> domain_;
+    fi_info *info_ = nullptr;
+    fid_pep *pep_ = nullptr;
+    fid_eq *eq_ = nullptr;
+    int waitFd_ = -1;
+    std::mutex mutex_;
+    sockaddr_storage addr_{};
+    socklen_t addrLen_ = 0;
+    bool listening_ = false;
+};
+
+} // namespace rstream

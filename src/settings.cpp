@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: MIT
+// Settings defaults, validation and the RSTREAM_* environment.
+
+#include "settings.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "log.h"
+
+namespace rstream {
+
+int parseSize(const char *text, uint64_t *out)
+{
+    if (!text || !*text)
+        return -EINVAL;
+    errno = 0;
+    char *end = nullptr;
+    unsigned long long v = std::strtoull(text, &end, 0);
+    if (errno || end == text || text[0] == '-')
+        return -EINVAL;
+    unsigned shift = 0;
+    switch (*end) {
+    case '\0':
+        break;
+    case 'k':
+    case 'K':
+        shift = 10;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        shift = 20;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        shift = 30;
+        end++;
+        break;
+    default:
+        return -EINVAL;
+    }
+    if (*end != '\0' || (shift && v > (~0ull >> shift)))
+        return -EINVAL;
+    *out = v << shift;
+    return 0;
+}
+
+int Settings::setSendBuf(size_t bytes)
+{
+    if (bytes < kMinBuf || bytes > kMaxBuf)
+        return -EINVAL;
+    sendBuf = bytes;
+    return 0;
+}
+
+int Settings::setRecvBuf(size_t bytes)
+{
+    if (bytes < kMinBuf || bytes > kMaxBuf)
+        return -EINVAL;
+    recvBuf = bytes;
+    return 0;
+}
+
+int Settings::setTxSize(uint64_t entries)
+{
+    if (entries < kMinQueue || entries > kMaxQueue)
+        return -EINVAL;
+    txSize = static_cast<uint32_t>(entries);
+    return 0;
+}
+
+int Settings::setRxSize(uint64_t entries)
+{
+    if (entries < kMinQueue || entries > kMaxQueue)
+        return -EINVAL;
+    rxSize = static_cast<uint32_t>(entries);
+    return 0;
+}
+
+namespace {
+
+template <typename Setter>
+void fromEnvVar(const char *name, Setter set)
+{
+    const char *text = std::getenv(name);
+    if (!text)
+        return;
+    uint64_t v;
+    if (parseSize(text, &v) < 0 || set(v) < 0)
+        RS_LOG(Warn, "ignoring %s=%s: invalid or out of range", name, text);
+}
+
+Settings loadEnv()
+{
+    Settings s;
+    fromEnvVar("RSTREAM_SEND_BUF", [&](uint64_t v) { return s.setSendBuf(v); });
+    fromEnvVar("RSTREAM_RECV_BUF", [&](uint64_t v) { return s.setRecvBuf(v); });
+    fromEnvVar("RSTREAM_TX_SIZE", [&](uint64_t v) { return s.setTxSize(v); });
+    fromEnvVar("RSTREAM_RX_SIZE", [&](uint64_t v) { return s.setRxSize(v); });
+    fromEnvVar("RSTREAM_POLL_US", [&](uint64_t v) {
+        if (v > 1000000)
+            return -EINVAL;
+        s.pollUs = static_cast<uint32_t>(v);
+        return 0;
+    });
+    fromEnvVar("RSTREAM_CONNECT_TIMEOUT_MS", [&](uint64_t v) {
+        if (v < 1 || v > 3600 * 1000)
+            return -EINVAL;
+        s.connectTimeoutMs = static_cast<int>(v);
+        return 0;
+    });
+    fromEnvVar("RSTREAM_IWARP", [&](uint64_t v) {
+        s.iwarp = v != 0;
+        return 0;
+    });
+    fromEnvVar("RSTREAM_STRICT", [&](uint64_t v) {
+        s.strict = v != 0;
+        return 0;
+    });
+    if (const char *p = std::getenv("RSTREAM_PROVIDER"))
+        s.provider = p;
+    return s;
+}
+
+} // namespace
+
+const Settings &Settings::fromEnv()
+{
+    static const Settings settings = loadEnv();
+    return settings;
+}
+
+} // namespace rstream

@@ -1,0 +1,41 @@
+// SPDX-License-Identifier: MIT
+// Per-endpoint settings: buffer and queue sizes, polling, timeouts, transport modes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace rstream {
+
+struct Settings {
+    static constexpr size_t kMinBuf = 1024;
+    static constexpr size_t kMaxBuf = size_t(1) << 28;
+    static constexpr uint32_t kMinQueue = 8;
+    static constexpr uint32_t kMaxQueue = 8191;
+
+    size_t sendBuf = 32 * 1024;  // send ring bytes
+    size_t recvBuf = 32 * 1024;  // receive ring bytes
+    uint32_t txSize = 384;       // send queue entries
+    uint32_t rxSize = 384;       // receive queue entries (message credits given to the peer)
+    uint32_t pollUs = 5;         // spin this long making progress before sleeping
+    int connectTimeoutMs = 10000; // bound on connection establishment
+    bool iwarp = false;          // force RMA write + small send instead of write with immediate
+    bool strict = false;         // ask the provider for verbs-shaped MR semantics (tests)
+    std::string provider;        // empty: verbs when usable, else tcp
+
+    // The defaults overridden by RSTREAM_* environment variables. Invalid values are logged
+    // once and ignored.
+    static const Settings &fromEnv();
+
+    // Setters validate: -EINVAL for out-of-range values.
+    int setSendBuf(size_t bytes);
+    int setRecvBuf(size_t bytes);
+    int setTxSize(uint64_t entries);
+    int setRxSize(uint64_t entries);
+};
+
+// Parses a size with an optional k/m/g suffix (powers of 1024); -EINVAL when malformed.
+int parseSize(const char *text, uint64_t *out);
+
+} // namespace rstream

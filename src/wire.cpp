@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: MIT
+// Encoding and validation of the message word and the connection hello.
+
+#include "wire.h"
+
+#include <cerrno>
+#include <cstring>
+#include <endian.h>
+
+namespace rstream::wire {
+
+std::optional<uint32_t> encodeData(uint32_t len)
+{
+    if (len == 0 || len > kMaxDataLen)
+        return std::nullopt;
+    return (static_cast<uint32_t>(Op::Data) << kOpShift) | len;
+}
+
+std::optional<uint32_t> encodeCredit(uint32_t slots, uint32_t ringUnits)
+{
+    if (slots > kMaxSlots || ringUnits > kMaxRingUnits || (slots == 0 && ringUnits == 0))
+        return std::nullopt;
+    return (static_cast<uint32_t>(Op::Credit) << kOpShift) | (slots << kSlotShift) | ringUnits;
+}
+
+uint32_t encodeCtrl(Ctrl code)
+{
+    return (static_cast<uint32_t>(Op::Ctrl) << kOpShift) | static_cast<uint32_t>(code);
+}
+
+std::optional<Message> decode(uint32_t word)
+{
+    uint32_t payload = word & kPayloadMask;
+    Message m{};
+    switch (word >> kOpShift) {
+    case static_cast<uint32_t>(Op::Data):
+        if (payload == 0)
+            return std::nullopt;
+        m.op = Op::Data;
+        m.len = payload;
+        return m;
+    case static_cast<uint32_t>(Op::Credit):
+        m.op = Op::Credit;
+        m.slots = payload >> kSlotShift;
+        m.ringUnits = payload & kMaxRingUnits;
+        if (m.slots == 0 && m.ringUnits == 0)
+            return std::nullopt;
+        return m;
+    case static_cast<uint32_t>(Op::Ctrl):
+        if (payload < static_cast<uint32_t>(Ctrl::ShutWr) ||
+            payload > static_cast<uint32_t>(Ctrl::Keepalive))
+            return std::nullopt;
+        m.op = Op::Ctrl;
+        m.ctrl = static_cast<Ctrl>(payload);
+        return m;
+    default:
+        return std::nullopt;
+    }
+}
+
+unsigned creditShift(uint64_t ringSize)
+{
+    unsigned shift = 0;
+    while ((ringSize - 1) >> shift > kMaxRingUnits)
+        shift++;
+    return shift;
+}
+
+namespace {
+
+template <typename T>
+void put(uint8_t *&p, T v)
+{
+    if constexpr (sizeof(T) == 2)
+        v = htobe16(v);
+    else if constexpr (sizeof(T) == 4)
+        v = htobe32(v);
+    else
+        v = htobe64(v);
+    std::memcpy(p, &v, sizeof(v));
+    p += sizeof(v);
+}
+
+template <typename T>
+T get(const uint8_t *&p)
+{
+    T v;
+    std::memcpy(&v, p, sizeof(v));
+    p += sizeof(v);
+    if constexpr (sizeof(T) == 2)
+        return be16toh(v);
+    else if constexpr (sizeof(T) == 4)
+        return be32toh(v);
+    else
+        return be64toh(v);
+}
+
+} // namespace
+
+void encodeHello(const Hello &h, uint8_t out[kHelloSize])
+{
+    uint8_t *p = out;
+    put<uint32_t>(p, h.magic);
+    put<uint16_t>(p, h.version);
+    put<uint16_t>(p, h.flags);
+    put<uint64_t>(p, h.ringAddr);
+    put<uint64_t>(p, h.ringKey);
+    put<uint32_t>(p, h.ringSize);
+    put<uint32_t>(p, h.rxSlots);
+    put<uint64_t>(p, h.reserved);
+}
+
+int decodeHello(const void *data, size_t len, Hello *out)
+{
+    if (!data || len < kHelloSize)
+        return -EPROTO;
+    const uint8_t *p = static_cast<const uint8_t *>(data);
+    Hello h;
+    h.magic = get<uint32_t>(p);
+    h.version = get<uint16_t>(p);
+    h.flags = get<uint16_t>(p);
+    h.ringAddr = get<uint64_t>(p);
+    h.ringKey = get<uint64_t>(p);
+    h.ringSize = get<uint32_t>(p);
+    h.rxSlots = get<uint32_t>(p);
+    h.reserved = get<uint64_t>(p);
+    if (h.magic != kMagic || h.version != kVersion)
+        return -EPROTO;
+    if (h.flags & ~(kFlagIwarp | kFlagVirtAddr))
+        return -EINVAL;
+    if (h.ringSize < 1024 || h.ringSize > (1u << 28) || h.rxSlots < 4 || h.rxSlots > kMaxSlots)
+        return -EINVAL;
+    if (!(h.flags & kFlagVirtAddr) && h.ringAddr != 0)
+        return -EINVAL;
+    *out = h;
+    return 0;
+}
+
+} // namespace rstream::wire

@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: MIT
+// The rstream wire format: the 32-bit message word and the connection hello (CM private data).
+//
+// Every message between two rstream endpoints is one 32-bit word. It travels as the immediate
+// (CQ data) of an RMA write or of a zero-length send, or, in iWarp mode where there is no
+// immediate data, as the 4-byte payload of a small send that follows the write. 32 bits are all
+// verbs offers, so nothing else may be needed by the receiver:
+//
+//   31   29 28                                                 0
+//   +------+----------------------------------------------------+
+//   |  op  |                      payload                       |
+//   +------+----------------------------------------------------+
+//
+//   op 0 DATA    payload = length in bytes (1 .. 2^29-1) of the write that landed at the
+//                receiver's current ring position (offsets are implicit: in order, never wrap)
+//   op 1 CREDIT  payload bits 28..16 = receive slots returned (0 .. 8191)
+//                payload bits 15..0  = ring space returned, in units of the receiver's
+//                                      credit unit (ring size rounded up to a power of two,
+//                                      divided by 2^16, at least 1 byte)
+//   op 2 CTRL    payload = control code (SHUT_WR, DISCONNECT, RESET, KEEPALIVE)
+//   op 3..7      invalid: the connection is reset
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+namespace rstream::wire {
+
+enum class Op : uint32_t {
+    Data = 0,
+    Credit = 1,
+    Ctrl = 2,
+};
+
+enum class Ctrl : uint32_t {
+    ShutWr = 1,     // no more data from the sender: EOF after what was sent
+    Disconnect = 2, // graceful close: EOF after what was sent, the sender is gone
+    Reset = 3,      // abortive close: the receiver reports ECONNRESET at once
+    Keepalive = 4,  // nothing to do: proves the path is alive
+};
+
+constexpr unsigned kOpShift = 29;
+constexpr uint32_t kPayloadMask = (1u << kOpShift) - 1;
+constexpr uint32_t kMaxDataLen = kPayloadMask;
+constexpr unsigned kSlotShift = 16;
+constexpr uint32_t kMaxSlots = (1u << 13) - 1;
+constexpr uint32_t kMaxRingUnits = 0xffff;
+
+struct Message {
+    Op op;
+    uint32_t len = 0;       // Data
+    uint32_t slots = 0;     // Credit
+    uint32_t ringUnits = 0; // Credit
+    Ctrl ctrl{};            // Ctrl
+
+    bool operator==(const Message &) const = default;
+};
+
+// Encoders return nullopt for a field out of range.
+std::optional<uint32_t> encodeData(uint32_t len);
+std::optional<uint32_t> encodeCredit(uint32_t slots, uint32_t ringUnits);
+uint32_t encodeCtrl(Ctrl code);
+
+// Decodes a word from the wire; nullopt when it is malformed.
+std::optional<Message> decode(uint32_t word);
+
+// The credit unit shift of a ring: ring space is returned in units of 1 << shift bytes, so that
+// a whole ring fits in the 16-bit field.
+unsigned creditShift(uint64_t ringSize);
+
+// CM private data: sent by the connecting side with fi_connect and answered with fi_accept.
+// All fields in network byte order on the wire; 40 bytes.
+constexpr uint32_t kMagic = 0x5253544d; // "RSTM"
+constexpr uint16_t kVersion = 1;
+constexpr size_t kHelloSize = 40;
+
+enum HelloFlags : uint16_t {
+    kFlagIwarp = 1 << 0,   // use RMA write + small send instead of write with immediate
+    kFlagVirtAddr = 1 << 1, // ringAddr is a virtual address (FI_MR_VIRT_ADDR), else an offset
+};
+
+struct Hello {
+    uint32_t magic = kMagic;
+    uint16_t version = kVersion;
+    uint16_t flags = 0;
+    uint64_t ringAddr = 0; // target address of the receive ring
+    uint64_t ringKey = 0;  // remote key of the receive ring
+    uint32_t ringSize = 0; // bytes
+    uint32_t rxSlots = 0;  // receive slots posted: the peer's initial message credits
+    uint64_t reserved = 0;
+
+    bool operator==(const Hello &) const = default;
+};
+
+void encodeHello(const Hello &hello, uint8_t out[kHelloSize]);
+
+// Decodes and validates: -EPROTO for a bad magic or version, -EINVAL for out-of-range fields.
+int decodeHello(const void *data, size_t len, Hello *out);
+
+} // namespace rstream::wire
