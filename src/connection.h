@@ -99,9 +99,12 @@ public:
     uint64_t bytesSent() const { return bytesSent_.load(std::memory_order_relaxed); }
     uint64_t bytesReceived() const { return bytesReceived_.load(std::memory_order_relaxed); }
 
-    // For the progress thread: makes progress if nobody else is; true while work remains
-    // that needs progress without the application (unsent or in-flight data, owed messages).
-    bool backgroundProgress(bool *closedDone);
+    // For the progress thread: makes progress if nobody else is. Returns kProgressDone when no
+    // work remains that needs progress without the application, kProgressMore while some does
+    // (unsent or in-flight data, owed messages, a pending close), kProgressBusy when the
+    // application holds the connection. closedDone: a closing connection may be destroyed.
+    enum { kProgressDone = 0, kProgressMore = 1, kProgressBusy = 2 };
+    int backgroundProgress(bool *closedDone);
 
 private:
     friend class Listener;
@@ -132,13 +135,16 @@ private:
     void onTxCompleteLocked(TxOp *op);
     void flushLocked(bool force);
     int sendWordLocked(uint32_t word);
-    void sendCreditsLocked(bool force);
+    void sendCreditsLocked();
     void failLocked(int err, const char *why);
     void disconnectLocked(wire::Ctrl how);
     bool needsBackgroundLocked() const;
     ssize_t peekRecvLocked() const;
     ssize_t peekSendLocked() const;
     void watch();
+    void wakeSleepersLocked();
+    int armLocked();
+    ssize_t recvLocked(const iovec *iov, int iovcnt, int flags);
 
     int waitFor(int events, int64_t deadlineNs);
 
@@ -172,12 +178,18 @@ private:
     bool peerGone_ = false;    // the provider reported the endpoint shut down
     bool shutWr_ = false;      // we want SHUT_WR sent after the data
     bool shutWrSent_ = false;
+    bool disconnectSent_ = false;
     bool shutRd_ = false;
     bool closing_ = false;     // close(): disconnect once the data is delivered
     bool closed_ = false;      // disconnect sent, endpoint shut down
     int64_t connectDeadlineNs_ = 0;
     int64_t closeDeadlineNs_ = 0;
     bool watched_ = false;     // registered with the progress thread
+    bool peerClosed_ = false;  // the peer sent DISCONNECT: writes get EPIPE
+    int sleepers_ = 0;         // threads asleep on waitFd_ in waitFor()
+    bool changed_ = false;     // progress changed what waiters may be waiting for
+    sockaddr_storage bindAddr_{};
+    socklen_t bindLen_ = 0;
 
     SendRing tx_;
     RecvRing rx_;

@@ -85,6 +85,7 @@ public:
     void onConsumed(uint64_t bytes) { consumed_ += bytes; }
 
     uint64_t ringDue() const { return consumed_ - reported_; }
+    uint64_t reported() const { return reported_; }
     uint32_t slotsDue() const { return slotsDue_; }
 
     // Whether a CREDIT should go now: half the ring or half the slots are owed.

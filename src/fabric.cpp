@@ -119,8 +119,6 @@ int getInfo(const Settings &settings, const sockaddr *src, socklen_t srcLen, con
         hints->dest_addr = malloc(dstLen);
         memcpy(hints->dest_addr, dst, dstLen);
         hints->dest_addrlen = dstLen;
-    } else {
-        flags |= FI_SOURCE;
     }
     fi_info *info = nullptr;
     int ret = fi_getinfo(kApiVersion, nullptr, nullptr, flags, hints, &info);

@@ -1,0 +1,1117 @@
+// SPDX-License-Identifier: MIT
+// The data path of a stream connection.
+//
+// Each connection owns one MSG endpoint, a CQ and an EQ that share one wait set (so one fd tells
+// about data, space, connection and disconnection), and one memory block: the send ring, the
+// receive ring the peer writes into, and small words for iWarp payloads and control sends. Only
+// the receive ring is registered for remote access, under a key of its own.
+//
+// send() copies into the send ring and posts RMA writes with immediate data into the peer's
+// receive ring as far as the peer's credits allow; recv() copies out of the receive ring and
+// returns space to the peer in batches. Copies run outside the connection's state lock, so one
+// thread can send while another receives. See credits.h for flow control and wire.h for the
+// format of the words.
+
+#include "connection.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <poll.h>
+#include <sched.h>
+
+#include <rdma/fi_cm.h>
+#include <rdma/fi_rma.h>
+
+#include "log.h"
+#include "progress.h"
+
+namespace rstream {
+
+namespace {
+
+int64_t nowNs()
+{
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+int64_t deadlineFor(int timeoutMs)
+{
+    return timeoutMs < 0 ? 0 : nowNs() + int64_t(timeoutMs) * 1000000;
+}
+
+size_t alignUp(size_t v, size_t a)
+{
+    return (v + a - 1) & ~(a - 1);
+}
+
+size_t iovTotal(const iovec *iov, int iovcnt)
+{
+    size_t total = 0;
+    for (int i = 0; i < iovcnt; i++)
+        total += iov[i].iov_len;
+    return total;
+}
+
+// Copies len bytes between a ring region starting at ring offset off and the iovec array,
+// starting iovSkip bytes into it. toRing: from the iovecs into the ring.
+void copyRing(uint8_t *ring, uint64_t ringSize, uint64_t off, const iovec *iov, int iovcnt,
+              size_t iovSkip, size_t len, bool toRing)
+{
+    int i = 0;
+    while (i < iovcnt && iovSkip >= iov[i].iov_len)
+        iovSkip -= iov[i++].iov_len;
+    while (len > 0 && i < iovcnt) {
+        size_t n = std::min<size_t>({len, iov[i].iov_len - iovSkip, ringSize - off});
+        uint8_t *user = static_cast<uint8_t *>(iov[i].iov_base) + iovSkip;
+        if (toRing)
+            std::memcpy(ring + off, user, n);
+        else
+            std::memcpy(user, ring + off, n);
+        len -= n;
+        off = (off + n) % ringSize;
+        iovSkip += n;
+        if (iovSkip == iov[i].iov_len) {
+            iovSkip = 0;
+            i++;
+        }
+    }
+}
+
+constexpr uint32_t kTxReserve = 2; // queue entries kept for control sends
+constexpr int kMaxBatches = 8;
+
+} // namespace
+
+Connection::Connection(const Settings &settings) : settings_(settings) {}
+
+Connection::~Connection()
+{
+    bool watched;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        watched = watched_;
+        watched_ = false;
+    }
+    if (watched)
+        ProgressThread::instance().unwatch(this);
+    if (ep_) {
+        if (!closed_ && (state_ == State::Connected || state_ == State::Accepting ||
+                         state_ == State::Connecting))
+            fi_shutdown(ep_, 0);
+        fi_close(&ep_->fid);
+    }
+    if (remoteMr_)
+        fi_close(&remoteMr_->fid);
+    if (localMr_)
+        fi_close(&localMr_->fid);
+    if (cq_)
+        fi_close(&cq_->fid);
+    if (eq_)
+        fi_close(&eq_->fid);
+    if (waitSet_)
+        fi_close(&waitSet_->fid);
+    if (info_)
+        fi_freeinfo(info_);
+    delete[] txOps_;
+    delete[] rxSlots_;
+    std::free(mem_);
+}
+
+int Connection::bind(const sockaddr *addr, socklen_t len)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (state_ != State::Idle)
+        return -EINVAL;
+    if (!addr || len > sizeof(bindAddr_) ||
+        (addr->sa_family != AF_INET && addr->sa_family != AF_INET6))
+        return -EINVAL;
+    std::memcpy(&bindAddr_, addr, len);
+    bindLen_ = len;
+    return 0;
+}
+
+int Connection::setup(const fi_info *info)
+{
+    int ret = Domain::get(info, settings_.strict, &domain_);
+    if (ret < 0)
+        return ret;
+    const ProviderCaps &caps = domain_->caps();
+    iwarp_ = settings_.iwarp || caps.iwarp;
+    txCap_ = std::max<uint32_t>(Settings::kMinQueue,
+                                std::min<uint32_t>(settings_.txSize, info->tx_attr->size));
+    rxCount_ = std::max<uint32_t>(
+        4, std::min<uint32_t>({settings_.rxSize, static_cast<uint32_t>(info->rx_attr->size),
+                               wire::kMaxSlots}));
+    tx_.size = settings_.sendBuf;
+    rx_.size = settings_.recvBuf;
+
+    size_t sendOff = 0;
+    size_t recvOff = alignUp(sendOff + tx_.size, 4096);
+    size_t slotOff = alignUp(recvOff + rx_.size, 4096);
+    size_t ctrlOff = alignUp(slotOff + rxCount_ * sizeof(uint32_t), 64);
+    memSize_ = alignUp(ctrlOff + txCap_ * sizeof(uint32_t), 4096);
+    if (posix_memalign(reinterpret_cast<void **>(&mem_), 4096, memSize_))
+        return -ENOMEM;
+    std::memset(mem_, 0, memSize_);
+    sendBase_ = mem_ + sendOff;
+    recvBase_ = mem_ + recvOff;
+    slotWords_ = reinterpret_cast<uint32_t *>(mem_ + slotOff);
+    ctrlWords_ = reinterpret_cast<uint32_t *>(mem_ + ctrlOff);
+    txOps_ = new (std::nothrow) TxOp[txCap_]();
+    rxSlots_ = new (std::nothrow) RxSlot[rxCount_]();
+    if (!txOps_ || !rxSlots_)
+        return -ENOMEM;
+
+    fi_wait_attr wattr{};
+    wattr.wait_obj = FI_WAIT_FD;
+    ret = fi_wait_open(domain_->fabric(), &wattr, &waitSet_);
+    if (ret)
+        return fiErr(ret);
+    ret = fi_control(&waitSet_->fid, FI_GETWAIT, &waitFd_);
+    if (ret)
+        return fiErr(ret);
+
+    fi_eq_attr eattr{};
+    eattr.wait_obj = FI_WAIT_SET;
+    eattr.wait_set = waitSet_;
+    ret = fi_eq_open(domain_->fabric(), &eattr, &eq_, this);
+    if (ret)
+        return fiErr(ret);
+    fi_cq_attr cattr{};
+    cattr.format = FI_CQ_FORMAT_DATA;
+    cattr.wait_obj = FI_WAIT_SET;
+    cattr.wait_set = waitSet_;
+    cattr.size = txCap_ + rxCount_ + 16;
+    ret = fi_cq_open(domain_->domain(), &cattr, &cq_, this);
+    if (ret)
+        return fiErr(ret);
+
+    fi_info *epInfo = fi_dupinfo(info);
+    if (!epInfo)
+        return -ENOMEM;
+    epInfo->tx_attr->size = txCap_;
+    epInfo->rx_attr->size = rxCount_;
+    ret = fi_endpoint(domain_->domain(), epInfo, &ep_, this);
+    fi_freeinfo(epInfo);
+    if (ret)
+        return fiErr(ret);
+    ret = fi_ep_bind(ep_, &eq_->fid, 0);
+    if (!ret)
+        ret = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV);
+    if (ret)
+        return fiErr(ret);
+    ret = registerMemory();
+    if (ret < 0)
+        return ret;
+    ret = fi_enable(ep_);
+    if (ret)
+        return fiErr(ret);
+    for (uint32_t i = 0; i < rxCount_; i++) {
+        ret = postReceive(i);
+        if (ret < 0)
+            return ret;
+    }
+    return 0;
+}
+
+int Connection::registerMemory()
+{
+    const ProviderCaps &caps = domain_->caps();
+    auto reg = [&](void *buf, size_t len, uint64_t access, fid_mr **mr) {
+        int ret = -FI_ENOKEY;
+        for (int attempt = 0; attempt < 16 && ret == -FI_ENOKEY; attempt++) {
+            uint64_t key = 0;
+            if (!caps.provKey) {
+                // Keys must not be guessable: a peer may only ever write where it was told to.
+                key = randomKey();
+                if (caps.keySize < 8)
+                    key &= (uint64_t(1) << (8 * caps.keySize)) - 1;
+            }
+            ret = fi_mr_reg(domain_->domain(), buf, len, access, 0, key, 0, mr, this);
+        }
+        if (ret)
+            return fiErr(ret);
+        if (caps.mrEndpoint) {
+            ret = fi_mr_bind(*mr, &ep_->fid, 0);
+            if (!ret)
+                ret = fi_mr_enable(*mr);
+            if (ret)
+                return fiErr(ret);
+        }
+        return 0;
+    };
+    // Only the receive ring is remotely writable.
+    int ret = reg(recvBase_, rx_.size, FI_REMOTE_WRITE, &remoteMr_);
+    if (ret < 0)
+        return ret;
+    if (caps.mrLocal) {
+        ret = reg(mem_, memSize_, FI_SEND | FI_RECV | FI_WRITE | FI_READ, &localMr_);
+        if (ret < 0)
+            return ret;
+        localDesc_ = fi_mr_desc(localMr_);
+    }
+    return 0;
+}
+
+int Connection::postReceive(uint32_t index)
+{
+    // Receives are posted once per slot and reposted as each is consumed, so the queue has
+    // room by construction.
+    int ret = fi_recv(ep_, &slotWords_[index], sizeof(uint32_t), localDesc_, 0,
+                      &rxSlots_[index].ctx);
+    return ret ? fiErr(ret) : 0;
+}
+
+wire::Hello Connection::localHello() const
+{
+    wire::Hello h;
+    if (iwarp_)
+        h.flags |= wire::kFlagIwarp;
+    if (domain_->caps().virtAddr) {
+        h.flags |= wire::kFlagVirtAddr;
+        h.ringAddr = reinterpret_cast<uintptr_t>(recvBase_);
+    }
+    h.ringKey = fi_mr_key(remoteMr_);
+    h.ringSize = static_cast<uint32_t>(rx_.size);
+    h.rxSlots = rxCount_;
+    return h;
+}
+
+int Connection::applyPeerHello(const wire::Hello &peer)
+{
+    bool virt = domain_->caps().virtAddr;
+    if (bool(peer.flags & wire::kFlagVirtAddr) != virt)
+        return -EPROTO;
+    peerRingAddr_ = peer.ringAddr;
+    peerKey_ = peer.ringKey;
+    peer_.init(peer.ringSize, peer.rxSlots, wire::creditShift(peer.ringSize));
+    local_.init(rx_.size, rxCount_);
+    return 0;
+}
+
+int Connection::connect(const sockaddr *addr, socklen_t len, bool nonblock)
+{
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        switch (state_) {
+        case State::Connecting:
+            return -EALREADY;
+        case State::Connected:
+        case State::Accepting:
+            return -EISCONN;
+        case State::Closed:
+            return error_ ? error_ : -EBADF;
+        case State::Idle:
+            break;
+        }
+        if (!addr || (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) ||
+            len > sizeof(peerAddr_))
+            return -EAFNOSUPPORT;
+        int ret = getInfo(settings_, bindLen_ ? reinterpret_cast<sockaddr *>(&bindAddr_) : nullptr,
+                          bindLen_, addr, len, &info_);
+        if (ret < 0)
+            return ret == -EADDRNOTAVAIL ? -ENETUNREACH : ret;
+        ret = setup(info_);
+        if (ret < 0) {
+            state_ = State::Closed;
+            error_ = ret;
+            return ret;
+        }
+        std::memcpy(&peerAddr_, addr, len);
+        peerLen_ = len;
+        uint8_t hello[wire::kHelloSize];
+        wire::encodeHello(localHello(), hello);
+        ret = fi_connect(ep_, info_->dest_addr, hello, sizeof(hello));
+        if (ret) {
+            state_ = State::Closed;
+            error_ = fiErr(ret);
+            return error_;
+        }
+        state_ = State::Connecting;
+        connectDeadlineNs_ = nowNs() + int64_t(settings_.connectTimeoutMs) * 1000000;
+    }
+    if (nonblock)
+        return -EINPROGRESS;
+    for (;;) {
+        int r = connectResult();
+        if (r != -EINPROGRESS)
+            return r;
+        r = waitFor(kWritable, 0);
+        if (r < 0)
+            return r;
+    }
+}
+
+int Connection::connectResult()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    progressLocked();
+    if (error_ && state_ != State::Connected)
+        return error_;
+    switch (state_) {
+    case State::Connected:
+        return 0;
+    case State::Connecting:
+    case State::Accepting:
+        return -EINPROGRESS;
+    case State::Idle:
+        return -ENOTCONN;
+    case State::Closed:
+        return error_ ? error_ : -ENOTCONN;
+    }
+    return -EINVAL;
+}
+
+void Connection::progressLocked()
+{
+    if (!ep_)
+        return;
+    processEqLocked();
+    processCqLocked();
+    if (state_ == State::Connected && !error_) {
+        flushLocked(false);
+        sendCreditsLocked();
+    }
+    if (state_ == State::Connecting && nowNs() >= connectDeadlineNs_)
+        failLocked(-ETIMEDOUT, "connect timed out");
+    wakeSleepersLocked();
+}
+
+void Connection::processEqLocked()
+{
+    alignas(fi_eq_cm_entry) uint8_t buf[sizeof(fi_eq_cm_entry) + 256];
+    auto &entry = *reinterpret_cast<fi_eq_cm_entry *>(buf);
+    for (;;) {
+        uint32_t event = 0;
+        ssize_t ret = fi_eq_read(eq_, &event, buf, sizeof(buf), 0);
+        if (ret == -FI_EAGAIN)
+            return;
+        if (ret == -FI_EAVAIL) {
+            fi_eq_err_entry err{};
+            if (fi_eq_readerr(eq_, &err, 0) < 0)
+                return;
+            changed_ = true;
+            if (state_ == State::Connecting)
+                failLocked(err.err == FI_ECONNREFUSED ? -ECONNREFUSED
+                           : err.err == FI_ETIMEDOUT  ? -ETIMEDOUT
+                                                      : -ECONNREFUSED,
+                           "connect failed");
+            else
+                failLocked(-ECONNRESET, "endpoint error");
+            continue;
+        }
+        if (ret < 0) {
+            failLocked(fiErr(static_cast<int>(ret)), "fi_eq_read failed");
+            return;
+        }
+        changed_ = true;
+        if (event == FI_CONNECTED) {
+            if (state_ == State::Connecting) {
+                wire::Hello peer;
+                size_t dataLen = size_t(ret) > sizeof(entry) ? ret - sizeof(entry) : 0;
+                int r = wire::decodeHello(entry.data, dataLen, &peer);
+                if (r == 0) {
+                    bool peerIwarp = peer.flags & wire::kFlagIwarp;
+                    if (iwarp_ && !peerIwarp)
+                        r = -EPROTO;
+                    iwarp_ = peerIwarp;
+                }
+                if (r == 0)
+                    r = applyPeerHello(peer);
+                if (r < 0) {
+                    failLocked(-ECONNREFUSED, "peer's hello rejected");
+                    continue;
+                }
+                state_ = State::Connected;
+            } else if (state_ == State::Accepting) {
+                state_ = State::Connected;
+            }
+            if (localLen_ == 0) {
+                size_t l = sizeof(localAddr_);
+                if (fi_getname(&ep_->fid, &localAddr_, &l) == 0)
+                    localLen_ = static_cast<socklen_t>(l);
+            }
+        } else if (event == FI_SHUTDOWN) {
+            // Everything the peer sent before it went is already in the CQ.
+            processCqLocked();
+            peerGone_ = true;
+            if (state_ == State::Connecting)
+                failLocked(-ECONNREFUSED, "peer shut down while connecting");
+            else if (!peerShutWr_)
+                RS_LOG(Debug, "peer went away without disconnecting");
+        }
+    }
+}
+
+void Connection::processCqLocked()
+{
+    fi_cq_data_entry entries[16];
+    for (int batch = 0; batch < kMaxBatches; batch++) {
+        ssize_t n = fi_cq_read(cq_, entries, 16);
+        if (n == -FI_EAGAIN)
+            return;
+        if (n == -FI_EAVAIL) {
+            fi_cq_err_entry err{};
+            if (fi_cq_readerr(cq_, &err, 0) < 0)
+                return;
+            if (err.err != FI_ECANCELED)
+                failLocked(-ECONNRESET, "completion error");
+            // A failed send still returns its queue entry.
+            auto *op = static_cast<TxOp *>(err.op_context);
+            if (op >= txOps_ && op < txOps_ + txCap_)
+                onTxCompleteLocked(op);
+            continue;
+        }
+        if (n < 0) {
+            failLocked(fiErr(static_cast<int>(n)), "fi_cq_read failed");
+            return;
+        }
+        for (ssize_t i = 0; i < n; i++) {
+            const fi_cq_data_entry &e = entries[i];
+            auto *slot = static_cast<RxSlot *>(e.op_context);
+            bool isSlot = slot >= rxSlots_ && slot < rxSlots_ + rxCount_;
+            if (e.flags & FI_REMOTE_CQ_DATA) {
+                // Write with immediate (on FI_RX_CQ_DATA providers it consumed a receive) or a
+                // zero-length send with immediate.
+                if (isSlot && postReceive(static_cast<uint32_t>(slot - rxSlots_)) < 0)
+                    failLocked(-ECONNRESET, "cannot repost receive");
+                if (e.data >> 32) {
+                    failLocked(-ECONNRESET, "malformed immediate");
+                    continue;
+                }
+                handleWordLocked(static_cast<uint32_t>(e.data), isSlot);
+            } else if ((e.flags & FI_RECV) && isSlot) {
+                uint32_t index = static_cast<uint32_t>(slot - rxSlots_);
+                uint32_t word = slotWords_[index];
+                size_t len = e.len;
+                if (postReceive(index) < 0)
+                    failLocked(-ECONNRESET, "cannot repost receive");
+                if (!iwarp_ || len != sizeof(uint32_t)) {
+                    failLocked(-ECONNRESET, "unexpected message");
+                    continue;
+                }
+                handleWordLocked(word, true);
+            } else {
+                auto *op = static_cast<TxOp *>(e.op_context);
+                if (op >= txOps_ && op < txOps_ + txCap_)
+                    onTxCompleteLocked(op);
+            }
+        }
+        if (n < 16)
+            return;
+    }
+}
+
+void Connection::handleWordLocked(uint32_t word, bool)
+{
+    if (error_)
+        return;
+    auto m = wire::decode(word);
+    if (!m) {
+        failLocked(-ECONNRESET, "malformed message from peer");
+        return;
+    }
+    changed_ = true;
+    local_.onSlotReposted();
+    switch (m->op) {
+    case wire::Op::Data: {
+        uint64_t off = rx_.offset(rx_.written);
+        // The peer may only write where we said there is room, and never across the end.
+        if (peerShutWr_ || off + m->len > rx_.size ||
+            rx_.written + m->len - local_.reported() > rx_.size) {
+            failLocked(-ECONNRESET, "peer wrote outside its credit");
+            return;
+        }
+        rx_.written += m->len;
+        bytesReceived_.fetch_add(m->len, std::memory_order_relaxed);
+        if (shutRd_) {
+            // Discarded, as the kernel does after SHUT_RD, so the peer is not blocked.
+            rx_.consumed = rx_.written;
+            local_.onConsumed(m->len);
+        }
+        break;
+    }
+    case wire::Op::Credit:
+        if (peer_.onCredit(m->slots, m->ringUnits) < 0) {
+            failLocked(-ECONNRESET, "peer returned more credit than it had");
+            return;
+        }
+        break;
+    case wire::Op::Ctrl:
+        switch (m->ctrl) {
+        case wire::Ctrl::ShutWr:
+            peerShutWr_ = true;
+            break;
+        case wire::Ctrl::Disconnect:
+            peerShutWr_ = true;
+            peerClosed_ = true;
+            break;
+        case wire::Ctrl::Reset:
+            rx_.consumed = rx_.written;
+            failLocked(-ECONNRESET, "reset by peer");
+            break;
+        case wire::Ctrl::Keepalive:
+            break;
+        }
+        break;
+    }
+}
+
+void Connection::onTxCompleteLocked(TxOp *op)
+{
+    op->done = true;
+    changed_ = true;
+    while (txHead_ < txNext_) {
+        TxOp &head = txOps_[txHead_ % txCap_];
+        if (!head.done)
+            break;
+        tx_.done += head.len;
+        if (head.len)
+            writesInFlight_--;
+        head.done = false;
+        head.len = 0;
+        txHead_++;
+    }
+}
+
+int Connection::sendWordLocked(uint32_t word)
+{
+    if (!peer_.canSendCtrl() || txNext_ - txHead_ >= txCap_)
+        return -EAGAIN;
+    TxOp &op = txOps_[txNext_ % txCap_];
+    op.len = 0;
+    op.done = false;
+    ssize_t ret;
+    if (iwarp_) {
+        uint32_t &src = ctrlWords_[txNext_ % txCap_];
+        src = word;
+        ret = fi_send(ep_, &src, sizeof(src), localDesc_, 0, &op.ctx);
+    } else {
+        ret = fi_senddata(ep_, nullptr, 0, nullptr, word, 0, &op.ctx);
+    }
+    if (ret == -FI_EAGAIN)
+        return -EAGAIN;
+    if (ret) {
+        failLocked(-ECONNRESET, "send failed");
+        return -ECONNRESET;
+    }
+    txNext_++;
+    peer_.onCtrlSent();
+    return 0;
+}
+
+void Connection::sendCreditsLocked()
+{
+    if (!local_.due() || !peer_.canSendCtrl())
+        return;
+    uint32_t word = local_.take();
+    if (word && sendWordLocked(word) < 0)
+        local_.untake(word);
+}
+
+void Connection::flushLocked(bool force)
+{
+    if (state_ != State::Connected || error_ || closed_)
+        return;
+    const uint32_t opsPerChunk = iwarp_ ? 2 : 1;
+    const uint64_t maxChunk =
+        std::clamp<uint64_t>(std::min(peer_.ringSize(), tx_.size) / 4, 4096, 256 * 1024);
+    while (tx_.unsent() > 0 && peer_.canSendData() &&
+           txNext_ - txHead_ + opsPerChunk + kTxReserve <= txCap_) {
+        // Small sends coalesce while earlier writes are in flight; the completion flushes them.
+        if (!force && writesInFlight_ > 0 && tx_.unsent() < maxChunk / 2)
+            break;
+        uint64_t len = std::min({tx_.unsent(), tx_.toEnd(tx_.posted),
+                                 peer_.ringSize() - peer_.written() % peer_.ringSize(),
+                                 peer_.ringAvail(), maxChunk});
+        uint64_t srcOff = tx_.offset(tx_.posted);
+        uint64_t dst = peerRingAddr_ + peer_.written() % peer_.ringSize();
+        uint32_t word = *wire::encodeData(static_cast<uint32_t>(len));
+        TxOp &op = txOps_[txNext_ % txCap_];
+        op.len = len;
+        op.done = false;
+        ssize_t ret;
+        if (iwarp_) {
+            ret = fi_write(ep_, sendBase_ + srcOff, len, localDesc_, 0, dst, peerKey_, &op.ctx);
+            if (ret == 0) {
+                txNext_++;
+                TxOp &note = txOps_[txNext_ % txCap_];
+                note.len = 0;
+                note.done = false;
+                uint32_t &src = ctrlWords_[txNext_ % txCap_];
+                src = word;
+                // The write is ordered before this send: its completion at the peer means the
+                // data is in place.
+                do {
+                    ret = fi_send(ep_, &src, sizeof(src), localDesc_, 0, &note.ctx);
+                    if (ret == -FI_EAGAIN)
+                        processCqLocked();
+                } while (ret == -FI_EAGAIN && !error_);
+                if (ret == 0)
+                    txNext_++;
+            }
+        } else {
+            ret = fi_writedata(ep_, sendBase_ + srcOff, len, localDesc_, word, 0, dst, peerKey_,
+                               &op.ctx);
+            if (ret == 0)
+                txNext_++;
+        }
+        if (ret == -FI_EAGAIN)
+            break;
+        if (ret) {
+            failLocked(-ECONNRESET, "write failed");
+            return;
+        }
+        tx_.posted += len;
+        peer_.onDataSent(len);
+        writesInFlight_++;
+        bytesSent_.fetch_add(len, std::memory_order_relaxed);
+    }
+    if (tx_.unsent() == 0) {
+        if (closing_ && !disconnectSent_) {
+            if (sendWordLocked(wire::encodeCtrl(wire::Ctrl::Disconnect)) == 0)
+                disconnectSent_ = shutWrSent_ = true;
+        } else if (shutWr_ && !shutWrSent_) {
+            if (sendWordLocked(wire::encodeCtrl(wire::Ctrl::ShutWr)) == 0)
+                shutWrSent_ = true;
+        }
+    }
+}
+
+void Connection::failLocked(int err, const char *why)
+{
+    changed_ = true;
+    if (error_)
+        return;
+    error_ = err;
+    RS_LOG(Debug, "connection %p failed: %s (%s)", static_cast<void *>(this), why,
+           strerror(-err));
+    if (state_ == State::Connecting || state_ == State::Idle)
+        state_ = State::Closed;
+    if (ep_ && !closed_) {
+        fi_shutdown(ep_, 0);
+        closed_ = true;
+    }
+}
+
+void Connection::wakeSleepersLocked()
+{
+    if (changed_ && sleepers_ > 0 && cq_)
+        fi_cq_signal(cq_);
+    changed_ = false;
+}
+
+bool Connection::needsBackgroundLocked() const
+{
+    // The accepting side must answer the peer even before the application looks at it.
+    if (state_ == State::Accepting && !error_)
+        return true;
+    if (error_ || closed_ || state_ != State::Connected)
+        return closing_ && !closed_;
+    return tx_.unsent() > 0 || tx_.inFlight() > 0 || txNext_ != txHead_ || local_.due() ||
+           (shutWr_ && !shutWrSent_) || closing_;
+}
+
+void Connection::watch()
+{
+    if (!watched_ && needsBackgroundLocked()) {
+        watched_ = true;
+        ProgressThread::instance().watch(this);
+    }
+}
+
+int Connection::backgroundProgress(bool *closedDone)
+{
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock())
+        return kProgressBusy;
+    progressLocked();
+    flushLocked(true);
+    if (closing_) {
+        bool delivered = tx_.unsent() == 0 && disconnectSent_ && txHead_ == txNext_;
+        if (delivered || error_ || closed_ || nowNs() >= closeDeadlineNs_) {
+            if (!closed_ && ep_) {
+                fi_shutdown(ep_, 0);
+                closed_ = true;
+            }
+            *closedDone = true;
+            watched_ = false;
+            return kProgressDone;
+        }
+        return kProgressMore;
+    }
+    if (needsBackgroundLocked())
+        return kProgressMore;
+    watched_ = false;
+    return kProgressDone;
+}
+
+ssize_t Connection::peekRecvLocked() const
+{
+    if (rx_.readable() > 0)
+        return static_cast<ssize_t>(rx_.readable());
+    if (state_ == State::Idle)
+        return -ENOTCONN;
+    if (error_)
+        return error_;
+    if (state_ == State::Connecting || state_ == State::Accepting)
+        return -EAGAIN;
+    if (peerShutWr_ || shutRd_)
+        return 0;
+    if (peerGone_)
+        return -ECONNRESET;
+    return -EAGAIN;
+}
+
+ssize_t Connection::peekSendLocked() const
+{
+    if (error_)
+        return error_;
+    switch (state_) {
+    case State::Idle:
+    case State::Closed:
+        return -ENOTCONN;
+    case State::Connecting:
+    case State::Accepting:
+        return 0;
+    case State::Connected:
+        break;
+    }
+    if (shutWr_ || closing_)
+        return -EPIPE;
+    if (peerClosed_)
+        return -EPIPE;
+    if (peerGone_)
+        return -ECONNRESET;
+    return static_cast<ssize_t>(tx_.freeSpace());
+}
+
+ssize_t Connection::peekRecv()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    progressLocked();
+    return peekRecvLocked();
+}
+
+ssize_t Connection::peekSend()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    progressLocked();
+    return peekSendLocked();
+}
+
+int Connection::armLocked()
+{
+    fid *fids[2] = {&cq_->fid, &eq_->fid};
+    int ret = fi_trywait(domain_->fabric(), fids, 2);
+    if (ret == -FI_EAGAIN)
+        return -EAGAIN;
+    return ret ? fiErr(ret) : 0;
+}
+
+int Connection::arm()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!ep_)
+        return 0;
+    return armLocked();
+}
+
+int Connection::wait(int events, int timeoutMs)
+{
+    return waitFor(events, deadlineFor(timeoutMs));
+}
+
+int Connection::waitFor(int events, int64_t deadlineNs)
+{
+    const int64_t spinEnd = nowNs() + int64_t(settings_.pollUs) * 1000;
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+        progressLocked();
+        int ready = 0;
+        if ((events & kReadable) && peekRecvLocked() != -EAGAIN)
+            ready |= kReadable;
+        if ((events & kWritable) && peekSendLocked() != 0)
+            ready |= kWritable;
+        if (ready)
+            return ready;
+        if (!ep_)
+            return -ENOTCONN;
+        int64_t now = nowNs();
+        if (deadlineNs && now >= deadlineNs)
+            return 0;
+        if (now < spinEnd) {
+            lock.unlock();
+            sched_yield();
+            lock.lock();
+            continue;
+        }
+        // The first sleeper arms the provider; later ones sleep in short steps, since the
+        // signal that wakes them may be taken by the first.
+        bool first = sleepers_ == 0;
+        if (first && armLocked() == -EAGAIN)
+            continue;
+        int64_t until = deadlineNs;
+        if (state_ == State::Connecting && (!until || connectDeadlineNs_ < until))
+            until = connectDeadlineNs_;
+        int timeout = -1;
+        if (until)
+            timeout = static_cast<int>(std::max<int64_t>(0, (until - now + 999999) / 1000000));
+        if (!first && (timeout < 0 || timeout > 10))
+            timeout = 10;
+        sleepers_++;
+        lock.unlock();
+        pollfd pfd{waitFd_, POLLIN, 0};
+        int n = ::poll(&pfd, 1, timeout);
+        int saved = errno;
+        lock.lock();
+        sleepers_--;
+        if (n < 0 && saved == EINTR)
+            return -EINTR;
+    }
+}
+
+ssize_t Connection::send(const void *buf, size_t len, int flags, int timeoutMs)
+{
+    iovec iov{const_cast<void *>(buf), len};
+    return sendv(&iov, 1, flags, timeoutMs);
+}
+
+ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs)
+{
+    if (iovcnt < 0)
+        return -EINVAL;
+    const size_t total = iovTotal(iov, iovcnt);
+    const int64_t deadline = deadlineFor(timeoutMs);
+    std::lock_guard<std::mutex> sendLock(sendMutex_);
+    size_t sent = 0;
+    for (;;) {
+        uint64_t pos, n;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            progressLocked();
+            ssize_t space = peekSendLocked();
+            if (space < 0)
+                return sent ? static_cast<ssize_t>(sent) : space;
+            if (total == 0)
+                return 0;
+            n = std::min<uint64_t>(static_cast<uint64_t>(space), total - sent);
+            pos = tx_.tail;
+        }
+        if (n == 0) {
+            if (flags & kNonBlock)
+                return sent ? static_cast<ssize_t>(sent) : -EAGAIN;
+            int r = waitFor(kWritable, deadline);
+            if (r < 0)
+                return sent ? static_cast<ssize_t>(sent) : r;
+            if (r == 0)
+                return sent ? static_cast<ssize_t>(sent) : -EAGAIN;
+            continue;
+        }
+        copyRing(sendBase_, tx_.size, tx_.offset(pos), iov, iovcnt, sent, n, true);
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            tx_.tail += n;
+            flushLocked(false);
+            watch();
+        }
+        sent += n;
+        if (sent == total || (flags & kNonBlock))
+            return static_cast<ssize_t>(sent);
+    }
+}
+
+ssize_t Connection::recv(void *buf, size_t len, int flags, int timeoutMs)
+{
+    iovec iov{buf, len};
+    return recvv(&iov, 1, flags, timeoutMs);
+}
+
+ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs)
+{
+    if (iovcnt < 0)
+        return -EINVAL;
+    const size_t total = iovTotal(iov, iovcnt);
+    const int64_t deadline = deadlineFor(timeoutMs);
+    std::lock_guard<std::mutex> recvLock(recvMutex_);
+    size_t copied = 0;
+    for (;;) {
+        uint64_t pos, n;
+        ssize_t state;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            progressLocked();
+            state = peekRecvLocked();
+            pos = rx_.consumed;
+            n = state > 0 ? std::min<uint64_t>(state, total - copied) : 0;
+            // MSG_PEEK with MSG_WAITALL waits until the whole length can be peeked.
+            if ((flags & kPeek) && (flags & kWaitAll) && state > 0 && uint64_t(state) < total)
+                n = 0, state = -EAGAIN;
+        }
+        if (total == 0)
+            return state < 0 && state != -EAGAIN ? state : 0;
+        if (n == 0) {
+            if (state <= 0 && state != -EAGAIN)
+                return copied ? static_cast<ssize_t>(copied) : state;
+            if ((flags & kNonBlock) || (copied && !(flags & kWaitAll)))
+                return copied ? static_cast<ssize_t>(copied) : -EAGAIN;
+            int r = waitFor(kReadable, deadline);
+            if (r < 0)
+                return copied ? static_cast<ssize_t>(copied) : r;
+            if (r == 0)
+                return copied ? static_cast<ssize_t>(copied) : -EAGAIN;
+            continue;
+        }
+        copyRing(recvBase_, rx_.size, rx_.offset(pos), iov, iovcnt, copied, n, false);
+        if (flags & kPeek)
+            return static_cast<ssize_t>(n);
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            rx_.consumed += n;
+            local_.onConsumed(n);
+            sendCreditsLocked();
+            watch();
+        }
+        copied += n;
+        if (copied == total || !(flags & kWaitAll))
+            return static_cast<ssize_t>(copied);
+    }
+}
+
+int Connection::shutdown(int how)
+{
+    if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
+        return -EINVAL;
+    std::lock_guard<std::mutex> lock(mutex_);
+    progressLocked();
+    if (state_ != State::Connected)
+        return -ENOTCONN;
+    if (how == SHUT_RD || how == SHUT_RDWR) {
+        shutRd_ = true;
+        changed_ = true;
+    }
+    if (how == SHUT_WR || how == SHUT_RDWR) {
+        shutWr_ = true;
+        changed_ = true;
+        flushLocked(true);
+        watch();
+    }
+    wakeSleepersLocked();
+    return 0;
+}
+
+void Connection::close(std::unique_ptr<Connection> conn)
+{
+    if (!conn)
+        return;
+    {
+        std::lock_guard<std::mutex> lock(conn->mutex_);
+        conn->progressLocked();
+        if (conn->state_ != State::Connected || conn->error_ || conn->closed_)
+            return;
+        if (conn->rx_.readable() > 0 && !conn->shutRd_) {
+            // Unread data at close: the kernel resets the connection, and so do we.
+            conn->sendWordLocked(wire::encodeCtrl(wire::Ctrl::Reset));
+            conn->processCqLocked();
+            return;
+        }
+        conn->closing_ = true;
+        conn->shutRd_ = true;
+        conn->closeDeadlineNs_ = nowNs() + 30 * int64_t(1000000000);
+        conn->flushLocked(true);
+        conn->processCqLocked();
+        if (conn->tx_.unsent() == 0 && conn->disconnectSent_ && conn->txHead_ == conn->txNext_) {
+            fi_shutdown(conn->ep_, 0);
+            conn->closed_ = true;
+            return;
+        }
+        if (conn->watched_) {
+            // The progress thread knows it already; adopt() below takes it over.
+            conn->watched_ = false;
+            ProgressThread::instance().unwatch(conn.get());
+        }
+        conn->watched_ = true;
+    }
+    ProgressThread::instance().adopt(std::move(conn));
+}
+
+void Connection::abort(std::unique_ptr<Connection> conn)
+{
+    if (!conn)
+        return;
+    std::lock_guard<std::mutex> lock(conn->mutex_);
+    if (conn->state_ == State::Connected && !conn->error_ && !conn->closed_) {
+        conn->sendWordLocked(wire::encodeCtrl(wire::Ctrl::Reset));
+        conn->processCqLocked();
+    }
+}
+
+int Connection::localAddress(sockaddr_storage *addr, socklen_t *len) const
+{
+    auto *self = const_cast<Connection *>(this);
+    std::lock_guard<std::mutex> lock(self->mutex_);
+    if (localLen_ == 0 && ep_) {
+        size_t l = sizeof(localAddr_);
+        if (fi_getname(&ep_->fid, &self->localAddr_, &l) == 0)
+            self->localLen_ = static_cast<socklen_t>(l);
+    }
+    if (localLen_ == 0) {
+        if (bindLen_) {
+            std::memcpy(addr, &bindAddr_, bindLen_);
+            *len = bindLen_;
+            return 0;
+        }
+        return -ENOTCONN;
+    }
+    std::memcpy(addr, &localAddr_, localLen_);
+    *len = localLen_;
+    return 0;
+}
+
+int Connection::peerAddress(sockaddr_storage *addr, socklen_t *len) const
+{
+    auto *self = const_cast<Connection *>(this);
+    std::lock_guard<std::mutex> lock(self->mutex_);
+    if (state_ != State::Connected && state_ != State::Accepting)
+        return -ENOTCONN;
+    std::memcpy(addr, &peerAddr_, peerLen_);
+    *len = peerLen_;
+    return 0;
+}
+
+int Connection::startAccept(fi_info *connreq, const wire::Hello &peer)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    info_ = connreq;
+    int ret = setup(connreq);
+    if (ret < 0)
+        return ret;
+    if (peer.flags & wire::kFlagIwarp)
+        iwarp_ = true;
+    ret = applyPeerHello(peer);
+    if (ret < 0)
+        return ret;
+    if (connreq->dest_addr && connreq->dest_addrlen <= sizeof(peerAddr_)) {
+        std::memcpy(&peerAddr_, connreq->dest_addr, connreq->dest_addrlen);
+        peerLen_ = static_cast<socklen_t>(connreq->dest_addrlen);
+    } else {
+        size_t l = sizeof(peerAddr_);
+        if (fi_getpeer(ep_, &peerAddr_, &l) == 0)
+            peerLen_ = static_cast<socklen_t>(l);
+    }
+    uint8_t hello[wire::kHelloSize];
+    wire::encodeHello(localHello(), hello);
+    ret = fi_accept(ep_, hello, sizeof(hello));
+    if (ret)
+        return fiErr(ret);
+    state_ = State::Accepting;
+    watch();
+    return 0;
+}
+
+} // namespace rstream

@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: MIT
+// Passive endpoints: connection requests are validated, answered and handed out as connections.
+
+#include "listener.h"
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <poll.h>
+
+#include "log.h"
+#include "wire.h"
+
+namespace rstream {
+
+Listener::Listener(const Settings &settings) : settings_(settings) {}
+
+Listener::~Listener()
+{
+    if (pep_)
+        fi_close(&pep_->fid);
+    if (eq_)
+        fi_close(&eq_->fid);
+    if (info_)
+        fi_freeinfo(info_);
+}
+
+int Listener::bind(const sockaddr *addr, socklen_t len)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (pep_)
+        return -EINVAL;
+    if (!addr || len > sizeof(addr_) ||
+        (addr->sa_family != AF_INET && addr->sa_family != AF_INET6))
+        return -EAFNOSUPPORT;
+    int ret = getInfo(settings_, addr, len, nullptr, 0, &info_);
+    if (ret < 0)
+        return ret;
+    ret = Domain::get(info_, settings_.strict, &domain_);
+    if (ret < 0)
+        return ret;
+    fi_eq_attr eattr{};
+    eattr.wait_obj = FI_WAIT_FD;
+    ret = fi_eq_open(domain_->fabric(), &eattr, &eq_, this);
+    if (ret)
+        return fiErr(ret);
+    ret = fi_control(&eq_->fid, FI_GETWAIT, &waitFd_);
+    if (ret)
+        return fiErr(ret);
+    ret = fi_passive_ep(domain_->fabric(), info_, &pep_, this);
+    if (ret)
+        return fiErr(ret);
+    ret = fi_pep_bind(pep_, &eq_->fid, 0);
+    if (ret)
+        return fiErr(ret);
+    std::memcpy(&addr_, addr, len);
+    addrLen_ = len;
+    return 0;
+}
+
+int Listener::listen(int)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!pep_)
+        return -EDESTADDRREQ;
+    if (listening_)
+        return 0;
+    int ret = fi_listen(pep_);
+    if (ret) {
+        ret = fiErr(ret);
+        return ret == -EIO ? -EADDRINUSE : ret;
+    }
+    size_t l = sizeof(addr_);
+    if (fi_getname(&pep_->fid, &addr_, &l) == 0)
+        addrLen_ = static_cast<socklen_t>(l);
+    listening_ = true;
+    return 0;
+}
+
+int Listener::acceptOne(std::unique_ptr<Connection> *out)
+{
+    alignas(fi_eq_cm_entry) uint8_t buf[sizeof(fi_eq_cm_entry) + 256];
+    auto &entry = *reinterpret_cast<fi_eq_cm_entry *>(buf);
+    for (;;) {
+        uint32_t event = 0;
+        ssize_t ret = fi_eq_read(eq_, &event, buf, sizeof(buf), 0);
+        if (ret == -FI_EAGAIN)
+            return -EAGAIN;
+        if (ret == -FI_EAVAIL) {
+            fi_eq_err_entry err{};
+            fi_eq_readerr(eq_, &err, 0);
+            RS_LOG(Debug, "listener: EQ error %d", err.err);
+            continue;
+        }
+        if (ret < 0)
+            return fiErr(static_cast<int>(ret));
+        if (event != FI_CONNREQ) {
+            if (entry.info)
+                fi_freeinfo(entry.info);
+            continue;
+        }
+        fi_info *info = entry.info;
+        size_t dataLen = size_t(ret) > sizeof(entry) ? ret - sizeof(entry) : 0;
+        wire::Hello peer;
+        int r = wire::decodeHello(entry.data, dataLen, &peer);
+        if (r < 0) {
+            RS_LOG(Info, "listener: rejecting a peer with a bad hello (%s)", strerror(-r));
+            fi_reject(pep_, info->handle, nullptr, 0);
+            fi_freeinfo(info);
+            continue;
+        }
+        auto conn = std::make_unique<Connection>(settings_);
+        r = conn->startAccept(info, peer); // takes info
+        if (r < 0) {
+            RS_LOG(Info, "listener: cannot accept: %s", strerror(-r));
+            fi_reject(pep_, info->handle, nullptr, 0);
+            continue;
+        }
+        *out = std::move(conn);
+        return 0;
+    }
+}
+
+int Listener::accept(std::unique_ptr<Connection> *out, bool nonblock, int timeoutMs)
+{
+    timespec start;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (!listening_)
+                return -EINVAL;
+            int ret = acceptOne(out);
+            if (ret != -EAGAIN)
+                return ret;
+            if (nonblock)
+                return -EAGAIN;
+            if (arm() == -EAGAIN)
+                continue;
+        }
+        int timeout = -1;
+        if (timeoutMs >= 0) {
+            timespec now;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            long elapsed = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
+            if (elapsed >= timeoutMs)
+                return -ETIMEDOUT;
+            timeout = static_cast<int>(timeoutMs - elapsed);
+        }
+        pollfd pfd{waitFd_, POLLIN, 0};
+        int n = ::poll(&pfd, 1, timeout);
+        if (n < 0 && errno == EINTR)
+            return -EINTR;
+    }
+}
+
+int Listener::arm()
+{
+    if (!eq_)
+        return 0;
+    fid *fids[1] = {&eq_->fid};
+    int ret = fi_trywait(domain_->fabric(), fids, 1);
+    if (ret == -FI_EAGAIN)
+        return -EAGAIN;
+    return ret ? fiErr(ret) : 0;
+}
+
+int Listener::localAddress(sockaddr_storage *addr, socklen_t *len) const
+{
+    if (!addrLen_)
+        return -EINVAL;
+    std::memcpy(addr, &addr_, addrLen_);
+    *len = addrLen_;
+    return 0;
+}
+
+} // namespace rstream

@@ -1,0 +1,912 @@
+// SPDX-License-Identifier: MIT
+// rstream-perf's raw transport: plain libfabric, the ceiling the engine is measured against.
+//
+// Each side registers a receive ring and tells the peer its address, key and size in the CM
+// private data of fi_connect/fi_accept. A message is one fi_writedata of `size` bytes into the
+// peer's ring, its length in the 32-bit immediate; the receiver learns of it from the
+// FI_REMOTE_CQ_DATA completion (tcp reports len 0 there, so the immediate is what counts).
+// Messages never wrap: one that does not fit before the end of the ring goes to its start, and
+// both sides skip the same bytes because writes arrive in order. The receiver does not copy
+// the data out; it frees the space at once and hands it back in batches with zero-length
+// fi_injectdata credit messages, which land in receives posted for them. When the provider
+// asks for FI_RX_CQ_DATA, writes consume posted receives as well and those are credited too.
+//
+// Control immediates (zero-length sends; kAck carries 8 bytes):
+//   bits 31..30  type: 0 credit, 1 fin (client: no more data), 2 ack (server: bytes received)
+//   credit:      bits 21..0 ring bytes freed, bits 29..22 posted receives freed
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <endian.h>
+#include <string>
+#include <sys/random.h>
+#include <vector>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include "perf.h"
+
+namespace rstream::perf {
+namespace {
+
+constexpr uint32_t kMagic = 0x72706572; // "rper"
+constexpr uint16_t kVersion = 1;
+constexpr uint32_t kMaxRing = 64u << 20;
+constexpr uint32_t kMaxRecvs = 256;
+// Receives kept for control messages when writes consume receives too.
+constexpr uint32_t kCtrlReserve = 16;
+constexpr int kEqTimeoutMs = 10000;
+
+constexpr unsigned kTypeShift = 30;
+constexpr uint32_t kTypeCredit = 0;
+constexpr uint32_t kTypeFin = 1;
+constexpr uint32_t kTypeAck = 2;
+constexpr unsigned kCreditMsgsShift = 22;
+constexpr uint32_t kCreditBytesMax = (1u << kCreditMsgsShift) - 1;
+constexpr uint32_t kCreditMsgsMax = (1u << (kTypeShift - kCreditMsgsShift)) - 1;
+
+// The CM private data, in network byte order on the wire.
+struct Hello {
+    uint32_t magic;
+    uint16_t version;
+    uint8_t test;
+    uint8_t reserved;
+    uint32_t msgSize;
+    uint32_t ringSize;
+    uint64_t ringAddr; // target of the ring's first byte: a virtual address or 0
+    uint64_t ringKey;
+    uint32_t rxCredits; // writes the peer may have unacknowledged; 0: writes consume no receive
+    uint32_t durationMs;
+};
+static_assert(sizeof(Hello) == 40);
+
+Hello toWire(Hello h)
+{
+    h.magic = htobe32(h.magic);
+    h.version = htobe16(h.version);
+    h.msgSize = htobe32(h.msgSize);
+    h.ringSize = htobe32(h.ringSize);
+    h.ringAddr = htobe64(h.ringAddr);
+    h.ringKey = htobe64(h.ringKey);
+    h.rxCredits = htobe32(h.rxCredits);
+    h.durationMs = htobe32(h.durationMs);
+    return h;
+}
+
+int fromWire(const void *data, size_t len, Hello *out)
+{
+    if (len < sizeof(Hello))
+        return -EPROTO;
+    Hello h;
+    memcpy(&h, data, sizeof(h));
+    h.magic = be32toh(h.magic);
+    h.version = be16toh(h.version);
+    h.msgSize = be32toh(h.msgSize);
+    h.ringSize = be32toh(h.ringSize);
+    h.ringAddr = be64toh(h.ringAddr);
+    h.ringKey = be64toh(h.ringKey);
+    h.rxCredits = be32toh(h.rxCredits);
+    h.durationMs = be32toh(h.durationMs);
+    if (h.magic != kMagic || h.version != kVersion || h.msgSize == 0 || h.ringSize == 0 ||
+        h.msgSize > h.ringSize || h.ringSize > kMaxRing ||
+        (h.test != uint8_t(Test::Bandwidth) && h.test != uint8_t(Test::Latency)))
+        return -EPROTO;
+    *out = h;
+    return 0;
+}
+
+void logErr(const char *what, int err)
+{
+    fprintf(stderr, "rstream-perf: raw: %s: %s\n", what, fi_strerror(-err));
+}
+
+const char *providerName()
+{
+    const char *env = getenv("RSTREAM_PROVIDER");
+    return env && *env ? env : "tcp";
+}
+
+fi_info *makeHints()
+{
+    fi_info *hints = fi_allocinfo();
+    if (!hints)
+        return nullptr;
+    hints->ep_attr->type = FI_EP_MSG;
+    hints->caps = FI_MSG | FI_RMA;
+    hints->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
+    hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
+                                  FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+    hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
+    hints->domain_attr->threading = FI_THREAD_SAFE;
+    hints->fabric_attr->prov_name = strdup(providerName());
+    return hints;
+}
+
+int getInfo(const char *node, const char *service, uint64_t flags, fi_info **out)
+{
+    fi_info *hints = makeHints();
+    if (!hints)
+        return -ENOMEM;
+    int ret = fi_getinfo(FI_VERSION(1, 17), node, service, flags, hints, out);
+    fi_freeinfo(hints);
+    if (ret)
+        logErr("fi_getinfo", ret);
+    return ret;
+}
+
+void closeFid(fid *f)
+{
+    if (f)
+        fi_close(f);
+}
+
+// Reads one EQ event, waiting up to timeoutMs: the event number, or -errno (-ETIMEDOUT).
+int readEvent(fid_eq *eq, void *buf, size_t len, int timeoutMs, ssize_t *bytes)
+{
+    uint32_t event = 0;
+    ssize_t ret = timeoutMs == 0 ? fi_eq_read(eq, &event, buf, len, 0)
+                                 : fi_eq_sread(eq, &event, buf, len, timeoutMs, 0);
+    if (ret == -FI_EAGAIN)
+        return timeoutMs == 0 ? -EAGAIN : -ETIMEDOUT;
+    if (ret == -FI_EAVAIL) {
+        fi_eq_err_entry err = {};
+        if (fi_eq_readerr(eq, &err, 0) >= 0 && err.err)
+            return -err.err;
+        return -EIO;
+    }
+    if (ret < 0)
+        return int(ret);
+    if (bytes)
+        *bytes = ret;
+    return int(event);
+}
+
+void *allocBuffer(size_t len)
+{
+    void *p = nullptr;
+    if (posix_memalign(&p, 4096, len))
+        return nullptr;
+    memset(p, 0, len);
+    return p;
+}
+
+// One connected endpoint with its rings, credits and counters; single-threaded.
+class RawConn
+{
+public:
+    RawConn() = default;
+    ~RawConn();
+    RawConn(const RawConn &) = delete;
+    RawConn &operator=(const RawConn &) = delete;
+
+    // Opens the domain, queues, endpoint and memory for info (owned from here on).
+    int open(fid_fabric *fabric, fi_info *info, uint32_t ringSize, uint32_t msgSize);
+    Hello localHello(Test test, uint32_t durationMs) const;
+    int setPeer(const Hello &peer);
+    int connect(const Hello &local);
+    int accept(const Hello &local);
+
+    // Reads the CQ once and returns credits: >= 0 or -errno.
+    int progress();
+    // Waits while pred() is false, making progress, until deadlineNs: 0, -ETIMEDOUT or -errno.
+    template <typename Pred>
+    int progressUntil(Pred pred, int64_t deadlineNs);
+    // Posts one message: 1 when posted, 0 when out of credits or queue space, -errno.
+    int tryWrite();
+    // Posts a control message, making progress while the queue is full.
+    int sendCtrl(uint32_t imm, const void *payload, size_t len);
+    // Posts one message, making progress until it can: 0 or -errno.
+    int write();
+    // Waits for the peer to disconnect (the server's last step), up to timeoutMs.
+    void waitShutdown(int timeoutMs);
+    void shutdown() { fi_shutdown(ep_, 0); }
+
+    uint64_t arrivals() const { return arrivals_; }
+    uint64_t bytesIn() const { return bytesIn_; }
+    bool fin() const { return fin_; }
+    bool ack() const { return ack_; }
+    uint64_t ackValue() const { return ackValue_; }
+    const fi_info *info() const { return info_; }
+
+private:
+    int regMr(void *buf, size_t len, uint64_t access, fid_mr **mr, void **desc);
+    int postRecv(uint32_t slot);
+    int checkEq();
+    int cqError();
+    void onArrival(uint32_t len);
+    void onCtrl(uint32_t imm, uint32_t slot, size_t len);
+    int returnCredits();
+    int waitConnected(const char *what);
+
+    fi_info *info_ = nullptr;
+    fid_domain *domain_ = nullptr;
+    fid_eq *eq_ = nullptr;
+    fid_cq *cq_ = nullptr;
+    fid_ep *ep_ = nullptr;
+    fid_mr *ringMr_ = nullptr;
+    fid_mr *sendMr_ = nullptr;
+    fid_mr *ctrlMr_ = nullptr;
+    void *sendDesc_ = nullptr;
+    void *ctrlDesc_ = nullptr;
+
+    bool mrLocal_ = false;
+    bool virtAddr_ = false;
+    bool provKey_ = false;
+    bool mrEndpoint_ = false;
+    bool rxCqData_ = false;
+    uint64_t keyMask_ = ~uint64_t(0);
+    size_t injectSize_ = 0;
+
+    uint8_t *ring_ = nullptr;
+    uint8_t *send_ = nullptr;
+    uint8_t *ctrl_ = nullptr; // 8 bytes per posted receive, then 8 bytes to send from
+    uint32_t ringSize_ = 0;
+    uint32_t msgSize_ = 0;
+    uint32_t recvCount_ = 0;
+    std::vector<fi_context2> recvCtx_;
+    std::vector<fi_context2> txCtx_;
+    std::vector<uint32_t> txFree_;
+
+    // Sending into the peer's ring.
+    uint64_t peerAddr_ = 0;
+    uint64_t peerKey_ = 0;
+    uint32_t peerRing_ = 0;
+    uint32_t peerCredits_ = 0; // 0: unlimited
+    uint64_t txPos_ = 0;       // bytes of the peer's ring used, padding included
+    uint64_t txFreed_ = 0;     // of which the peer handed back
+    uint32_t txMsgs_ = 0;      // writes not yet credited (when they consume receives)
+
+    // Receiving into our ring.
+    uint64_t rxPos_ = 0;
+    uint32_t rxBytesOwed_ = 0; // freed, not yet handed back
+    uint32_t rxMsgsOwed_ = 0;
+    uint32_t batchBytes_ = 1;
+    uint32_t batchMsgs_ = 1;
+    uint32_t rxCredits_ = 0;
+
+    uint64_t arrivals_ = 0;
+    uint64_t bytesIn_ = 0;
+    bool fin_ = false;
+    bool ack_ = false;
+    uint64_t ackValue_ = 0;
+    bool peerGone_ = false;
+    uint32_t idlePolls_ = 0;
+};
+
+RawConn::~RawConn()
+{
+    closeFid(ep_ ? &ep_->fid : nullptr);
+    closeFid(ringMr_ ? &ringMr_->fid : nullptr);
+    closeFid(sendMr_ ? &sendMr_->fid : nullptr);
+    closeFid(ctrlMr_ ? &ctrlMr_->fid : nullptr);
+    closeFid(cq_ ? &cq_->fid : nullptr);
+    closeFid(eq_ ? &eq_->fid : nullptr);
+    closeFid(domain_ ? &domain_->fid : nullptr);
+    free(ring_);
+    free(send_);
+    free(ctrl_);
+    if (info_)
+        fi_freeinfo(info_);
+}
+
+int RawConn::regMr(void *buf, size_t len, uint64_t access, fid_mr **mr, void **desc)
+{
+    uint64_t key = 0;
+    if (!provKey_) {
+        // Requested keys must be unique in the domain; random ones are, and are not guessable.
+        if (getrandom(&key, sizeof(key), 0) != sizeof(key))
+            return -EIO;
+        key &= keyMask_;
+    }
+    int ret = fi_mr_reg(domain_, buf, len, access, 0, key, 0, mr, nullptr);
+    if (ret) {
+        logErr("fi_mr_reg", ret);
+        return ret;
+    }
+    if (mrEndpoint_) {
+        ret = fi_mr_bind(*mr, &ep_->fid, 0);
+        if (!ret)
+            ret = fi_mr_enable(*mr);
+        if (ret) {
+            logErr("fi_mr_bind", ret);
+            return ret;
+        }
+    }
+    if (desc)
+        *desc = fi_mr_desc(*mr);
+    return 0;
+}
+
+int RawConn::open(fid_fabric *fabric, fi_info *info, uint32_t ringSize, uint32_t msgSize)
+{
+    info_ = info;
+    uint64_t mrMode = info->domain_attr->mr_mode;
+    mrLocal_ = mrMode & FI_MR_LOCAL;
+    virtAddr_ = mrMode & FI_MR_VIRT_ADDR;
+    provKey_ = mrMode & FI_MR_PROV_KEY;
+    mrEndpoint_ = mrMode & FI_MR_ENDPOINT;
+    rxCqData_ = info->mode & FI_RX_CQ_DATA;
+    if (info->domain_attr->mr_key_size < 8)
+        keyMask_ = (uint64_t(1) << (8 * info->domain_attr->mr_key_size)) - 1;
+    if (info->domain_attr->cq_data_size < 4) {
+        fprintf(stderr, "rstream-perf: raw: provider %s has no 4-byte immediate data\n",
+                info->fabric_attr->prov_name);
+        return -ENOTSUP;
+    }
+    injectSize_ = info->tx_attr->inject_size;
+    ringSize_ = ringSize;
+    msgSize_ = msgSize;
+
+    int ret = fi_domain(fabric, info, &domain_, nullptr);
+    if (ret) {
+        logErr("fi_domain", ret);
+        return ret;
+    }
+    fi_eq_attr eqAttr = {};
+    eqAttr.wait_obj = FI_WAIT_UNSPEC;
+    ret = fi_eq_open(fabric, &eqAttr, &eq_, nullptr);
+    if (ret) {
+        logErr("fi_eq_open", ret);
+        return ret;
+    }
+    size_t txDepth = info->tx_attr->size ? info->tx_attr->size : 64;
+    recvCount_ = uint32_t(std::min<size_t>(info->rx_attr->size ? info->rx_attr->size : 64,
+                                           kMaxRecvs));
+    if (rxCqData_ && recvCount_ <= kCtrlReserve + 1) {
+        fprintf(stderr, "rstream-perf: raw: receive queue too small\n");
+        return -ENOTSUP;
+    }
+    fi_cq_attr cqAttr = {};
+    cqAttr.size = txDepth + recvCount_;
+    cqAttr.format = FI_CQ_FORMAT_DATA;
+    cqAttr.wait_obj = FI_WAIT_FD;
+    ret = fi_cq_open(domain_, &cqAttr, &cq_, nullptr);
+    if (ret) {
+        logErr("fi_cq_open", ret);
+        return ret;
+    }
+    ret = fi_endpoint(domain_, info, &ep_, nullptr);
+    if (ret) {
+        logErr("fi_endpoint", ret);
+        return ret;
+    }
+    ret = fi_ep_bind(ep_, &eq_->fid, 0);
+    if (!ret)
+        ret = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV);
+    if (!ret)
+        ret = fi_enable(ep_);
+    if (ret) {
+        logErr("endpoint setup", ret);
+        return ret;
+    }
+
+    ring_ = static_cast<uint8_t *>(allocBuffer(ringSize_));
+    send_ = static_cast<uint8_t *>(allocBuffer(msgSize_));
+    ctrl_ = static_cast<uint8_t *>(allocBuffer(8 * (recvCount_ + 1)));
+    if (!ring_ || !send_ || !ctrl_)
+        return -ENOMEM;
+    ret = regMr(ring_, ringSize_, FI_REMOTE_WRITE, &ringMr_, nullptr);
+    if (!ret && mrLocal_)
+        ret = regMr(send_, msgSize_, FI_WRITE, &sendMr_, &sendDesc_);
+    if (!ret && mrLocal_)
+        ret = regMr(ctrl_, 8 * (recvCount_ + 1), FI_RECV | FI_SEND, &ctrlMr_, &ctrlDesc_);
+    if (ret)
+        return ret;
+
+    txCtx_.resize(txDepth);
+    for (uint32_t i = 0; i < txDepth; i++)
+        txFree_.push_back(uint32_t(txDepth - 1 - i));
+    recvCtx_.resize(recvCount_);
+    for (uint32_t i = 0; i < recvCount_; i++) {
+        ret = postRecv(i);
+        if (ret)
+            return ret;
+    }
+    rxCredits_ = rxCqData_ ? recvCount_ - kCtrlReserve : 0;
+    batchMsgs_ = rxCqData_ ? std::max<uint32_t>(1, rxCredits_ / 2) : UINT32_MAX;
+    return 0;
+}
+
+Hello RawConn::localHello(Test test, uint32_t durationMs) const
+{
+    Hello h = {};
+    h.magic = kMagic;
+    h.version = kVersion;
+    h.test = uint8_t(test);
+    h.msgSize = msgSize_;
+    h.ringSize = ringSize_;
+    h.ringAddr = virtAddr_ ? uint64_t(uintptr_t(ring_)) : 0;
+    h.ringKey = fi_mr_key(ringMr_);
+    h.rxCredits = rxCredits_;
+    h.durationMs = durationMs;
+    return h;
+}
+
+int RawConn::setPeer(const Hello &peer)
+{
+    if (peer.msgSize != msgSize_ || peer.msgSize > ringSize_)
+        return -EPROTO;
+    peerAddr_ = peer.ringAddr;
+    peerKey_ = peer.ringKey;
+    peerRing_ = peer.ringSize;
+    peerCredits_ = peer.rxCredits;
+    // Hand space back once a quarter of the ring is free, but early enough that a sender
+    // blocked on a message (and the padding before it, less than one message) always has that
+    // much in flight: blocked means in flight > ring - 2 * size, and at least one message.
+    uint64_t len = msgSize_;
+    uint64_t blocked = std::max<uint64_t>(len, len * 2 <= ringSize_ ? ringSize_ - 2 * len + 1 : 0);
+    batchBytes_ = uint32_t(std::max<uint64_t>(1, std::min<uint64_t>(ringSize_ / 4, blocked)));
+    return 0;
+}
+
+int RawConn::waitConnected(const char *what)
+{
+    alignas(fi_eq_cm_entry) uint8_t buf[sizeof(fi_eq_cm_entry) + 256];
+    ssize_t bytes = 0;
+    int event = readEvent(eq_, buf, sizeof(buf), kEqTimeoutMs, &bytes);
+    if (event < 0) {
+        logErr(what, event);
+        return event;
+    }
+    if (event != FI_CONNECTED) {
+        fprintf(stderr, "rstream-perf: raw: %s: unexpected event %d\n", what, event);
+        return -ECONNREFUSED;
+    }
+    if (!peerRing_) {
+        // The client learns the server's ring from the accept's private data.
+        auto *entry = reinterpret_cast<fi_eq_cm_entry *>(buf);
+        Hello peer;
+        int ret = fromWire(entry->data, size_t(bytes) - sizeof(*entry), &peer);
+        if (!ret)
+            ret = setPeer(peer);
+        if (ret) {
+            fprintf(stderr, "rstream-perf: raw: bad private data from the server\n");
+            return ret;
+        }
+    }
+    return 0;
+}
+
+int RawConn::connect(const Hello &local)
+{
+    Hello wire = toWire(local);
+    int ret = fi_connect(ep_, info_->dest_addr, &wire, sizeof(wire));
+    if (ret) {
+        logErr("fi_connect", ret);
+        return ret;
+    }
+    return waitConnected("connect");
+}
+
+int RawConn::accept(const Hello &local)
+{
+    Hello wire = toWire(local);
+    int ret = fi_accept(ep_, &wire, sizeof(wire));
+    if (ret) {
+        logErr("fi_accept", ret);
+        return ret;
+    }
+    return waitConnected("accept");
+}
+
+int RawConn::postRecv(uint32_t slot)
+{
+    int ret;
+    do {
+        ret = int(fi_recv(ep_, ctrl_ + 8 * slot, 8, ctrlDesc_, 0, &recvCtx_[slot]));
+        // The queue only fills when our own accounting is wrong; progress frees nothing here.
+    } while (ret == -FI_EAGAIN && (ret = int(fi_cq_read(cq_, nullptr, 0))) == -FI_EAGAIN);
+    if (ret) {
+        logErr("fi_recv", ret);
+        return ret;
+    }
+    return 0;
+}
+
+void RawConn::onArrival(uint32_t len)
+{
+    uint32_t off = uint32_t(rxPos_ % ringSize_);
+    uint32_t pad = off + uint64_t(len) > ringSize_ ? ringSize_ - off : 0;
+    rxPos_ += pad + len;
+    rxBytesOwed_ += pad + len;
+    rxMsgsOwed_++;
+    arrivals_++;
+    bytesIn_ += len;
+}
+
+void RawConn::onCtrl(uint32_t imm, uint32_t slot, size_t len)
+{
+    switch (imm >> kTypeShift) {
+    case kTypeCredit:
+        txFreed_ += imm & kCreditBytesMax;
+        txMsgs_ -= std::min(txMsgs_, (imm >> kCreditMsgsShift) & kCreditMsgsMax);
+        break;
+    case kTypeFin:
+        fin_ = true;
+        break;
+    case kTypeAck:
+        if (len >= 8) {
+            uint64_t value;
+            memcpy(&value, ctrl_ + 8 * slot, 8);
+            ackValue_ = be64toh(value);
+            ack_ = true;
+        }
+        break;
+    default:
+        break;
+    }
+}
+
+int RawConn::returnCredits()
+{
+    while (rxBytesOwed_ >= batchBytes_ || rxMsgsOwed_ >= batchMsgs_) {
+        uint32_t bytes = std::min(rxBytesOwed_, kCreditBytesMax);
+        uint32_t msgs = rxCqData_ ? std::min(rxMsgsOwed_, kCreditMsgsMax) : 0;
+        uint32_t imm = (kTypeCredit << kTypeShift) | (msgs << kCreditMsgsShift) | bytes;
+        int ret = int(fi_injectdata(ep_, nullptr, 0, imm, 0));
+        if (ret == -FI_EAGAIN)
+            return 0; // the next progress() tries again
+        if (ret) {
+            logErr("fi_injectdata", ret);
+            return ret;
+        }
+        rxBytesOwed_ -= bytes;
+        rxMsgsOwed_ = rxCqData_ ? rxMsgsOwed_ - msgs : 0;
+    }
+    return 0;
+}
+
+int RawConn::cqError()
+{
+    fi_cq_err_entry err = {};
+    if (fi_cq_readerr(cq_, &err, 0) < 0)
+        return -EIO;
+    fprintf(stderr, "rstream-perf: raw: completion error: %s\n", fi_strerror(err.err));
+    return err.err ? -err.err : -EIO;
+}
+
+int RawConn::checkEq()
+{
+    if (peerGone_)
+        return -ECONNRESET;
+    alignas(fi_eq_cm_entry) uint8_t buf[sizeof(fi_eq_cm_entry) + 256];
+    int event = readEvent(eq_, buf, sizeof(buf), 0, nullptr);
+    if (event == -EAGAIN)
+        return 0;
+    if (event == FI_SHUTDOWN || event < 0) {
+        peerGone_ = true;
+        return -ECONNRESET;
+    }
+    return 0;
+}
+
+int RawConn::progress()
+{
+    fi_cq_data_entry entries[16];
+    ssize_t n = fi_cq_read(cq_, entries, 16);
+    if (n == -FI_EAGAIN) {
+        int ret = rxBytesOwed_ || rxMsgsOwed_ ? returnCredits() : 0;
+        if (!ret && ++idlePolls_ % 4096 == 0)
+            ret = checkEq();
+        return ret;
+    }
+    if (n == -FI_EAVAIL)
+        return cqError();
+    if (n < 0) {
+        logErr("fi_cq_read", int(n));
+        return int(n);
+    }
+    for (ssize_t i = 0; i < n; i++) {
+        const fi_cq_data_entry &e = entries[i];
+        auto *ctx = static_cast<fi_context2 *>(e.op_context);
+        bool isRecv = !recvCtx_.empty() && ctx >= &recvCtx_.front() && ctx <= &recvCtx_.back();
+        if ((e.flags & FI_REMOTE_WRITE) && (e.flags & FI_REMOTE_CQ_DATA)) {
+            onArrival(uint32_t(e.data));
+        } else if (e.flags & FI_RECV) {
+            if (!isRecv)
+                continue;
+            onCtrl(uint32_t(e.data), uint32_t(ctx - &recvCtx_.front()), e.len);
+        } else if (ctx) {
+            txFree_.push_back(uint32_t(ctx - &txCtx_.front()));
+            continue;
+        }
+        if (isRecv) {
+            int ret = postRecv(uint32_t(ctx - &recvCtx_.front()));
+            if (ret)
+                return ret;
+        }
+    }
+    int ret = returnCredits();
+    return ret ? ret : int(n);
+}
+
+template <typename Pred>
+int RawConn::progressUntil(Pred pred, int64_t deadlineNs)
+{
+    for (uint32_t i = 0; !pred(); i++) {
+        int ret = progress();
+        if (ret < 0)
+            return ret;
+        if (i % 1024 == 0 && nowNs() > deadlineNs)
+            return -ETIMEDOUT;
+    }
+    return 0;
+}
+
+int RawConn::tryWrite()
+{
+    uint32_t len = msgSize_;
+    bool inject = len <= injectSize_;
+    if (!inject && txFree_.empty())
+        return 0;
+    uint32_t off = uint32_t(txPos_ % peerRing_);
+    uint32_t pad = off + uint64_t(len) > peerRing_ ? peerRing_ - off : 0;
+    if (txPos_ - txFreed_ + pad + len > peerRing_)
+        return 0;
+    if (peerCredits_ && txMsgs_ >= peerCredits_)
+        return 0;
+    uint64_t target = pad ? 0 : off;
+    uint64_t addr = virtAddr_ ? peerAddr_ + target : target;
+    ssize_t ret;
+    if (inject) {
+        ret = fi_inject_writedata(ep_, send_, len, len, 0, addr, peerKey_);
+    } else {
+        ret = fi_writedata(ep_, send_, len, sendDesc_, len, 0, addr, peerKey_,
+                           &txCtx_[txFree_.back()]);
+    }
+    if (ret == -FI_EAGAIN)
+        return 0;
+    if (ret) {
+        logErr("fi_writedata", int(ret));
+        return int(ret);
+    }
+    if (!inject)
+        txFree_.pop_back();
+    txPos_ += pad + len;
+    if (peerCredits_)
+        txMsgs_++;
+    return 1;
+}
+
+int RawConn::write()
+{
+    for (;;) {
+        int ret = tryWrite();
+        if (ret)
+            return ret < 0 ? ret : 0;
+        ret = progress();
+        if (ret < 0)
+            return ret;
+    }
+}
+
+int RawConn::sendCtrl(uint32_t imm, const void *payload, size_t len)
+{
+    for (;;) {
+        ssize_t ret;
+        if (len <= injectSize_) {
+            ret = fi_injectdata(ep_, payload, len, imm, 0);
+        } else if (txFree_.empty()) {
+            ret = -FI_EAGAIN;
+        } else {
+            uint8_t *src = ctrl_ + 8 * recvCount_;
+            memcpy(src, payload, len);
+            ret = fi_senddata(ep_, src, len, ctrlDesc_, imm, 0, &txCtx_[txFree_.back()]);
+            if (!ret)
+                txFree_.pop_back();
+        }
+        if (ret != -FI_EAGAIN) {
+            if (ret)
+                logErr("fi_senddata", int(ret));
+            return int(ret);
+        }
+        int err = progress();
+        if (err < 0)
+            return err;
+    }
+}
+
+void RawConn::waitShutdown(int timeoutMs)
+{
+    int64_t deadline = nowNs() + int64_t(timeoutMs) * 1'000'000;
+    // Keep making progress: the last control message may still sit in our queue.
+    while (!peerGone_ && nowNs() < deadline) {
+        if (progress() < 0 || checkEq() < 0)
+            break;
+    }
+}
+
+// Owns a fabric until the objects opened on it are gone (declare it first).
+struct FabricHolder {
+    fid_fabric *fabric = nullptr;
+    ~FabricHolder() { closeFid(fabric ? &fabric->fid : nullptr); }
+};
+
+// The client side of one run.
+int runClient(const Options &opts, Result *result)
+{
+    std::string service = std::to_string(opts.port);
+    fi_info *info = nullptr;
+    int ret = getInfo(opts.host.c_str(), service.c_str(), 0, &info);
+    if (ret)
+        return ret;
+    FabricHolder holder;
+    ret = fi_fabric(info->fabric_attr, &holder.fabric, nullptr);
+    if (ret) {
+        logErr("fi_fabric", ret);
+        fi_freeinfo(info);
+        return ret;
+    }
+    RawConn conn;
+    ret = conn.open(holder.fabric, info, opts.ring, opts.size);
+    if (!ret)
+        ret = conn.connect(conn.localHello(opts.test, uint32_t(opts.seconds * 1000)));
+    if (ret)
+        return ret;
+
+    int64_t start = nowNs();
+    int64_t deadline = start + int64_t(opts.seconds * 1e9);
+    int64_t limit = deadline + kGraceNs;
+    if (opts.test == Test::Bandwidth) {
+        for (uint32_t posted = 0; !ret && nowNs() < deadline;) {
+            ret = conn.tryWrite();
+            if (ret == 0 || (ret == 1 && ++posted % 8 == 0))
+                ret = conn.progress();
+            ret = std::min(ret, 0);
+        }
+    } else {
+        result->rttNs.reserve(1 << 20);
+        for (int64_t round = 0; !ret; round++) {
+            int64_t t0 = nowNs();
+            if (t0 >= deadline && round >= kWarmupRounds)
+                break;
+            uint64_t want = conn.arrivals() + 1;
+            ret = conn.write();
+            if (!ret)
+                ret = conn.progressUntil([&] { return conn.arrivals() >= want; }, limit);
+            if (!ret && round >= kWarmupRounds)
+                result->rttNs.push_back(nowNs() - t0);
+        }
+    }
+    if (!ret)
+        ret = conn.sendCtrl(kTypeFin << kTypeShift, nullptr, 0);
+    if (!ret)
+        ret = conn.progressUntil([&] { return conn.ack(); }, limit);
+    if (ret) {
+        logErr("run", ret);
+        return ret;
+    }
+    result->seconds = double(nowNs() - start) / 1e9;
+    result->bytes = conn.ackValue();
+    conn.shutdown();
+    return 0;
+}
+
+// Serves one connection request; takes info.
+int serveOne(fid_fabric *fabric, fid_pep *pep, fi_info *info, const void *data, size_t len)
+{
+    Hello peer;
+    int ret = fromWire(data, len, &peer);
+    if (ret) {
+        fprintf(stderr, "rstream-perf: raw: rejecting a connection with bad private data\n");
+        fi_reject(pep, info->handle, nullptr, 0);
+        fi_freeinfo(info);
+        return ret;
+    }
+    Test test = Test(peer.test);
+    RawConn conn;
+    fid_t handle = info->handle;
+    ret = conn.open(fabric, info, std::max(peer.ringSize, peer.msgSize), peer.msgSize);
+    if (!ret)
+        ret = conn.setPeer(peer);
+    if (ret) {
+        fi_reject(pep, handle, nullptr, 0);
+        return ret;
+    }
+    ret = conn.accept(conn.localHello(test, peer.durationMs));
+    if (ret)
+        return ret;
+
+    int64_t start = nowNs();
+    int64_t limit = start + int64_t(peer.durationMs) * 1'000'000 + kGraceNs;
+    if (test == Test::Bandwidth) {
+        ret = conn.progressUntil([&] { return conn.fin(); }, limit);
+    } else {
+        // Answer each message with one of the same size until the client says it is done.
+        for (uint64_t answered = 0; !ret && !conn.fin();) {
+            ret = conn.progressUntil([&] { return conn.fin() || conn.arrivals() > answered; },
+                                     limit);
+            for (; !ret && answered < conn.arrivals(); answered++)
+                ret = conn.write();
+        }
+    }
+    if (ret) {
+        logErr("run", ret);
+        return ret;
+    }
+    double secs = double(nowNs() - start) / 1e9;
+    uint64_t total = htobe64(conn.bytesIn());
+    ret = conn.sendCtrl(kTypeAck << kTypeShift, &total, sizeof(total));
+    if (ret)
+        return ret;
+    conn.waitShutdown(kEqTimeoutMs);
+    printf("raw %s %u B: %llu bytes in %.2f s\n", testName(test), peer.msgSize,
+           (unsigned long long)conn.bytesIn(), secs);
+    fflush(stdout);
+    return 0;
+}
+
+} // namespace
+
+int rawClient(const Options &opts, Result *result)
+{
+    if (opts.size > opts.ring || opts.ring > kMaxRing) {
+        fprintf(stderr, "rstream-perf: raw: --size must not exceed --ring (at most %u)\n",
+                kMaxRing);
+        return -EINVAL;
+    }
+    return runClient(opts, result);
+}
+
+int rawServer(const Options &opts)
+{
+    std::string service = std::to_string(opts.port);
+    fi_info *info = nullptr;
+    int ret = getInfo(opts.host.c_str(), service.c_str(), FI_SOURCE, &info);
+    if (ret)
+        return ret;
+    fid_fabric *fabric = nullptr;
+    fid_eq *eq = nullptr;
+    fid_pep *pep = nullptr;
+    fi_eq_attr eqAttr = {};
+    eqAttr.wait_obj = FI_WAIT_UNSPEC;
+    ret = fi_fabric(info->fabric_attr, &fabric, nullptr);
+    if (!ret)
+        ret = fi_eq_open(fabric, &eqAttr, &eq, nullptr);
+    if (!ret)
+        ret = fi_passive_ep(fabric, info, &pep, nullptr);
+    if (!ret)
+        ret = fi_pep_bind(pep, &eq->fid, 0);
+    if (!ret)
+        ret = fi_listen(pep);
+    if (ret) {
+        logErr("listen", ret);
+    } else {
+        printf("rstream-perf: raw server on %s:%u (provider %s)\n", opts.host.c_str(), opts.port,
+               info->fabric_attr->prov_name);
+        fflush(stdout);
+    }
+    while (!ret) {
+        alignas(fi_eq_cm_entry) uint8_t buf[sizeof(fi_eq_cm_entry) + 256];
+        ssize_t bytes = 0;
+        int event = readEvent(eq, buf, sizeof(buf), -1, &bytes);
+        if (event < 0) {
+            if (event == -ETIMEDOUT || event == -EINTR || event == -ECONNREFUSED ||
+                event == -ECONNRESET || event == -ECONNABORTED)
+                continue;
+            logErr("fi_eq_sread", event);
+            ret = event;
+            break;
+        }
+        if (event != FI_CONNREQ)
+            continue;
+        auto *entry = reinterpret_cast<fi_eq_cm_entry *>(buf);
+        serveOne(fabric, pep, entry->info, entry->data, size_t(bytes) - sizeof(*entry));
+    }
+    closeFid(pep ? &pep->fid : nullptr);
+    closeFid(eq ? &eq->fid : nullptr);
+    closeFid(fabric ? &fabric->fid : nullptr);
+    fi_freeinfo(info);
+    return ret;
+}
+
+} // namespace rstream::perf
