@@ -21,6 +21,8 @@
 #include <ctime>
 #include <poll.h>
 #include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <rdma/fi_cm.h>
 #include <rdma/fi_rma.h>
@@ -83,6 +85,32 @@ void copyRing(uint8_t *ring, uint64_t ringSize, uint64_t off, const iovec *iov, 
 }
 
 constexpr uint32_t kTxReserve = 2; // queue entries kept for control sends
+
+// Each thread that sleeps in waitFor() has an eventfd of its own. A thread that changes what a
+// sleeper waits for writes to the sleeper's eventfd: reading a CQ resets its wait fd, so the
+// provider's own signal cannot be relied on to reach every sleeper.
+class WakeFd
+{
+public:
+    WakeFd() : fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+    ~WakeFd()
+    {
+        if (fd_ >= 0)
+            ::close(fd_);
+    }
+    int fd() const { return fd_; }
+    void drain() const
+    {
+        uint64_t v;
+        while (::read(fd_, &v, sizeof(v)) > 0) {
+        }
+    }
+
+private:
+    int fd_;
+};
+
+thread_local WakeFd tWakeFd;
 constexpr int kMaxBatches = 8;
 
 } // namespace
@@ -145,8 +173,8 @@ int Connection::setup(const fi_info *info)
     txCap_ = std::max<uint32_t>(Settings::kMinQueue,
                                 std::min<uint32_t>(settings_.txSize, info->tx_attr->size));
     rxCount_ = std::max<uint32_t>(
-        4, std::min<uint32_t>({settings_.rxSize, static_cast<uint32_t>(info->rx_attr->size),
-                               wire::kMaxSlots}));
+        4, std::min<uint32_t>(
+               {settings_.rxSize, static_cast<uint32_t>(info->rx_attr->size), wire::kMaxSlots}));
     tx_.size = settings_.sendBuf;
     rx_.size = settings_.recvBuf;
 
@@ -262,8 +290,8 @@ int Connection::postReceive(uint32_t index)
 {
     // Receives are posted once per slot and reposted as each is consumed, so the queue has
     // room by construction.
-    int ret = fi_recv(ep_, &slotWords_[index], sizeof(uint32_t), localDesc_, 0,
-                      &rxSlots_[index].ctx);
+    int ret =
+        fi_recv(ep_, &slotWords_[index], sizeof(uint32_t), localDesc_, 0, &rxSlots_[index].ctx);
     return ret ? fiErr(ret) : 0;
 }
 
@@ -689,8 +717,7 @@ void Connection::failLocked(int err, const char *why)
     if (error_)
         return;
     error_ = err;
-    RS_LOG(Debug, "connection %p failed: %s (%s)", static_cast<void *>(this), why,
-           strerror(-err));
+    RS_LOG(Debug, "connection %p failed: %s (%s)", static_cast<void *>(this), why, strerror(-err));
     if (state_ == State::Connecting || state_ == State::Idle)
         state_ = State::Closed;
     if (ep_ && !closed_) {
@@ -701,8 +728,13 @@ void Connection::failLocked(int err, const char *why)
 
 void Connection::wakeSleepersLocked()
 {
-    if (changed_ && sleepers_ > 0 && cq_)
-        fi_cq_signal(cq_);
+    if (changed_) {
+        const uint64_t one = 1;
+        for (int fd : sleepers_)
+            if (::write(fd, &one, sizeof(one)) < 0) {
+                // Already readable: the sleeper wakes anyway.
+            }
+    }
     changed_ = false;
 }
 
@@ -851,26 +883,26 @@ int Connection::waitFor(int events, int64_t deadlineNs)
             lock.lock();
             continue;
         }
-        // The first sleeper arms the provider; later ones sleep in short steps, since the
-        // signal that wakes them may be taken by the first.
-        bool first = sleepers_ == 0;
-        if (first && armLocked() == -EAGAIN)
+        if (armLocked() == -EAGAIN)
             continue;
+        const int wakeFd = tWakeFd.fd();
+        if (wakeFd < 0)
+            return -ENOMEM;
         int64_t until = deadlineNs;
         if (state_ == State::Connecting && (!until || connectDeadlineNs_ < until))
             until = connectDeadlineNs_;
         int timeout = -1;
         if (until)
             timeout = static_cast<int>(std::max<int64_t>(0, (until - now + 999999) / 1000000));
-        if (!first && (timeout < 0 || timeout > 10))
-            timeout = 10;
-        sleepers_++;
+        sleepers_.push_back(wakeFd);
         lock.unlock();
-        pollfd pfd{waitFd_, POLLIN, 0};
-        int n = ::poll(&pfd, 1, timeout);
+        pollfd pfd[2] = {{waitFd_, POLLIN, 0}, {wakeFd, POLLIN, 0}};
+        int n = ::poll(pfd, 2, timeout);
         int saved = errno;
         lock.lock();
-        sleepers_--;
+        std::erase(sleepers_, wakeFd);
+        if (pfd[1].revents & POLLIN)
+            tWakeFd.drain();
         if (n < 0 && saved == EINTR)
             return -EINTR;
     }

@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <vector>
 
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
@@ -27,14 +28,16 @@ class Listener;
 class ProgressThread;
 
 // Flags for send/recv.
-enum IoFlags : int {
+enum IoFlags : int
+{
     kNonBlock = 1 << 0, // return -EAGAIN instead of waiting
     kPeek = 1 << 1,     // recv: copy without consuming
     kWaitAll = 1 << 2,  // recv: wait for the whole length (or EOF/error)
 };
 
 // Events for wait().
-enum WaitEvents : int {
+enum WaitEvents : int
+{
     kReadable = 1 << 0,
     kWritable = 1 << 1,
 };
@@ -103,19 +106,33 @@ public:
     // work remains that needs progress without the application, kProgressMore while some does
     // (unsent or in-flight data, owed messages, a pending close), kProgressBusy when the
     // application holds the connection. closedDone: a closing connection may be destroyed.
-    enum { kProgressDone = 0, kProgressMore = 1, kProgressBusy = 2 };
+    enum
+    {
+        kProgressDone = 0,
+        kProgressMore = 1,
+        kProgressBusy = 2
+    };
     int backgroundProgress(bool *closedDone);
 
 private:
     friend class Listener;
-    enum class State { Idle, Connecting, Accepting, Connected, Closed };
+    enum class State
+    {
+        Idle,
+        Connecting,
+        Accepting,
+        Connected,
+        Closed
+    };
 
-    struct TxOp {
+    struct TxOp
+    {
         fi_context2 ctx;
         uint64_t len; // ring bytes released on completion
         bool done;
     };
-    struct RxSlot {
+    struct RxSlot
+    {
         fi_context2 ctx;
     };
 
@@ -174,20 +191,20 @@ private:
     State state_ = State::Idle;
     int error_ = 0; // sticky -errno once the connection failed
     bool iwarp_ = false;
-    bool peerShutWr_ = false;  // EOF arrives after the ring drains
-    bool peerGone_ = false;    // the provider reported the endpoint shut down
-    bool shutWr_ = false;      // we want SHUT_WR sent after the data
+    bool peerShutWr_ = false; // EOF arrives after the ring drains
+    bool peerGone_ = false;   // the provider reported the endpoint shut down
+    bool shutWr_ = false;     // we want SHUT_WR sent after the data
     bool shutWrSent_ = false;
     bool disconnectSent_ = false;
     bool shutRd_ = false;
-    bool closing_ = false;     // close(): disconnect once the data is delivered
-    bool closed_ = false;      // disconnect sent, endpoint shut down
+    bool closing_ = false; // close(): disconnect once the data is delivered
+    bool closed_ = false;  // disconnect sent, endpoint shut down
     int64_t connectDeadlineNs_ = 0;
     int64_t closeDeadlineNs_ = 0;
-    bool watched_ = false;     // registered with the progress thread
-    bool peerClosed_ = false;  // the peer sent DISCONNECT: writes get EPIPE
-    int sleepers_ = 0;         // threads asleep on waitFd_ in waitFor()
-    bool changed_ = false;     // progress changed what waiters may be waiting for
+    bool watched_ = false;      // registered with the progress thread
+    bool peerClosed_ = false;   // the peer sent DISCONNECT: writes get EPIPE
+    std::vector<int> sleepers_; // wake-up eventfds of the threads asleep in waitFor()
+    bool changed_ = false;      // progress changed what waiters may be waiting for
     sockaddr_storage bindAddr_{};
     socklen_t bindLen_ = 0;
 

@@ -186,8 +186,9 @@ int Domain::get(const fi_info *info, bool strict, std::shared_ptr<Domain> *out)
     c.maxTx = static_cast<uint32_t>(info->tx_attr->size);
     c.maxRx = static_cast<uint32_t>(info->rx_attr->size);
     c.iwarp = info->ep_attr->protocol == FI_PROTO_IWARP || c.cqDataSize < 4;
-    RS_LOG(Debug, "domain %s: mr_local=%d virt_addr=%d prov_key=%d mr_ep=%d rx_cq_data=%d "
-                  "cq_data=%zu inject=%zu tx=%u rx=%u iwarp=%d",
+    RS_LOG(Debug,
+           "domain %s: mr_local=%d virt_addr=%d prov_key=%d mr_ep=%d rx_cq_data=%d "
+           "cq_data=%zu inject=%zu tx=%u rx=%u iwarp=%d",
            key.c_str(), c.mrLocal, c.virtAddr, c.provKey, c.mrEndpoint, c.rxCqData, c.cqDataSize,
            c.injectSize, c.maxTx, c.maxRx, c.iwarp);
     gDomains[key] = d;

@@ -15,7 +15,8 @@
 namespace rstream {
 
 // What the provider told fi_getinfo it needs; the engine follows these, never tcp's habits.
-struct ProviderCaps {
+struct ProviderCaps
+{
     std::string name;
     bool mrLocal = false;    // FI_MR_LOCAL: local buffers registered, descriptors passed
     bool virtAddr = false;   // FI_MR_VIRT_ADDR: targets are virtual addresses, else offsets

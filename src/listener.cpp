@@ -30,8 +30,7 @@ int Listener::bind(const sockaddr *addr, socklen_t len)
     std::lock_guard<std::mutex> lock(mutex_);
     if (pep_)
         return -EINVAL;
-    if (!addr || len > sizeof(addr_) ||
-        (addr->sa_family != AF_INET && addr->sa_family != AF_INET6))
+    if (!addr || len > sizeof(addr_) || (addr->sa_family != AF_INET && addr->sa_family != AF_INET6))
         return -EAFNOSUPPORT;
     int ret = getInfo(settings_, addr, len, nullptr, 0, &info_);
     if (ret < 0)
@@ -142,7 +141,8 @@ int Listener::accept(std::unique_ptr<Connection> *out, bool nonblock, int timeou
         if (timeoutMs >= 0) {
             timespec now;
             clock_gettime(CLOCK_MONOTONIC, &now);
-            long elapsed = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
+            long elapsed =
+                (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
             if (elapsed >= timeoutMs)
                 return -ETIMEDOUT;
             timeout = static_cast<int>(timeoutMs - elapsed);

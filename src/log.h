@@ -6,7 +6,14 @@
 
 namespace rstream {
 
-enum class LogLevel : int { Error = 0, Warn = 1, Info = 2, Debug = 3, Trace = 4 };
+enum class LogLevel : int
+{
+    Error = 0,
+    Warn = 1,
+    Info = 2,
+    Debug = 3,
+    Trace = 4
+};
 
 extern std::atomic<int> gLogLevel;
 
@@ -16,9 +23,9 @@ void logWrite(LogLevel level, const char *fmt, ...) __attribute__((format(printf
 } // namespace rstream
 
 // Formats nothing unless the level is enabled.
-#define RS_LOG(level, ...)                                                                     \
-    do {                                                                                       \
-        if (static_cast<int>(::rstream::LogLevel::level) <=                                    \
-            ::rstream::gLogLevel.load(std::memory_order_relaxed))                              \
-            ::rstream::logWrite(::rstream::LogLevel::level, __VA_ARGS__);                      \
+#define RS_LOG(level, ...)                                                                         \
+    do {                                                                                           \
+        if (static_cast<int>(::rstream::LogLevel::level) <=                                        \
+            ::rstream::gLogLevel.load(std::memory_order_relaxed))                                  \
+            ::rstream::logWrite(::rstream::LogLevel::level, __VA_ARGS__);                          \
     } while (0)

@@ -9,7 +9,8 @@
 
 namespace rstream {
 
-struct Ring {
+struct Ring
+{
     uint64_t size = 0;
 
     uint64_t offset(uint64_t pos) const { return pos % size; }
@@ -19,7 +20,8 @@ struct Ring {
 
 // The send ring: the application appends at tail, chunks are posted from posted, and space is
 // released at done when their writes complete. done <= posted <= tail <= done + size.
-struct SendRing : Ring {
+struct SendRing : Ring
+{
     uint64_t tail = 0;
     uint64_t posted = 0;
     uint64_t done = 0;
@@ -32,7 +34,8 @@ struct SendRing : Ring {
 };
 
 // The receive ring: the peer's writes land at written, the application reads at consumed.
-struct RecvRing : Ring {
+struct RecvRing : Ring
+{
     uint64_t written = 0;
     uint64_t consumed = 0;
 

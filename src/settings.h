@@ -8,21 +8,22 @@
 
 namespace rstream {
 
-struct Settings {
+struct Settings
+{
     static constexpr size_t kMinBuf = 1024;
     static constexpr size_t kMaxBuf = size_t(1) << 28;
     static constexpr uint32_t kMinQueue = 8;
     static constexpr uint32_t kMaxQueue = 8191;
 
-    size_t sendBuf = 32 * 1024;  // send ring bytes
-    size_t recvBuf = 32 * 1024;  // receive ring bytes
-    uint32_t txSize = 384;       // send queue entries
-    uint32_t rxSize = 384;       // receive queue entries (message credits given to the peer)
-    uint32_t pollUs = 5;         // spin this long making progress before sleeping
+    size_t sendBuf = 32 * 1024;   // send ring bytes
+    size_t recvBuf = 32 * 1024;   // receive ring bytes
+    uint32_t txSize = 384;        // send queue entries
+    uint32_t rxSize = 384;        // receive queue entries (message credits given to the peer)
+    uint32_t pollUs = 5;          // spin this long making progress before sleeping
     int connectTimeoutMs = 10000; // bound on connection establishment
-    bool iwarp = false;          // force RMA write + small send instead of write with immediate
-    bool strict = false;         // ask the provider for verbs-shaped MR semantics (tests)
-    std::string provider;        // empty: verbs when usable, else tcp
+    bool iwarp = false;           // force RMA write + small send instead of write with immediate
+    bool strict = false;          // ask the provider for verbs-shaped MR semantics (tests)
+    std::string provider;         // empty: verbs when usable, else tcp
 
     // The defaults overridden by RSTREAM_* environment variables. Invalid values are logged
     // once and ignored.

@@ -27,13 +27,15 @@
 
 namespace rstream::wire {
 
-enum class Op : uint32_t {
+enum class Op : uint32_t
+{
     Data = 0,
     Credit = 1,
     Ctrl = 2,
 };
 
-enum class Ctrl : uint32_t {
+enum class Ctrl : uint32_t
+{
     ShutWr = 1,     // no more data from the sender: EOF after what was sent
     Disconnect = 2, // graceful close: EOF after what was sent, the sender is gone
     Reset = 3,      // abortive close: the receiver reports ECONNRESET at once
@@ -47,7 +49,8 @@ constexpr unsigned kSlotShift = 16;
 constexpr uint32_t kMaxSlots = (1u << 13) - 1;
 constexpr uint32_t kMaxRingUnits = 0xffff;
 
-struct Message {
+struct Message
+{
     Op op;
     uint32_t len = 0;       // Data
     uint32_t slots = 0;     // Credit
@@ -75,12 +78,14 @@ constexpr uint32_t kMagic = 0x5253544d; // "RSTM"
 constexpr uint16_t kVersion = 1;
 constexpr size_t kHelloSize = 40;
 
-enum HelloFlags : uint16_t {
-    kFlagIwarp = 1 << 0,   // use RMA write + small send instead of write with immediate
+enum HelloFlags : uint16_t
+{
+    kFlagIwarp = 1 << 0,    // use RMA write + small send instead of write with immediate
     kFlagVirtAddr = 1 << 1, // ringAddr is a virtual address (FI_MR_VIRT_ADDR), else an offset
 };
 
-struct Hello {
+struct Hello
+{
     uint32_t magic = kMagic;
     uint16_t version = kVersion;
     uint16_t flags = 0;

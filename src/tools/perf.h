@@ -16,25 +16,28 @@ constexpr int kWarmupRounds = 100;
 // How long a server waits for a client that stops talking, beyond the run's own length.
 constexpr int64_t kGraceNs = 30'000'000'000;
 
-enum class Test : uint8_t {
+enum class Test : uint8_t
+{
     Bandwidth = 1,
     Latency = 2,
 };
 
-struct Options {
-    std::string host;         // client: the server; server: the address to bind
+struct Options
+{
+    std::string host; // client: the server; server: the address to bind
     uint16_t port = kDefaultPort;
     Test test = Test::Bandwidth;
-    uint32_t size = 65536;    // bytes per message
+    uint32_t size = 65536; // bytes per message
     double seconds = 3;
-    uint32_t ring = 1 << 20;  // receive ring bytes (raw), send and receive buffers (engine)
-    bool busyPoll = false;    // engine: spin on nonblocking calls instead of blocking ones
+    uint32_t ring = 1 << 20; // receive ring bytes (raw), send and receive buffers (engine)
+    bool busyPoll = false;   // engine: spin on nonblocking calls instead of blocking ones
 };
 
-struct Result {
-    uint64_t bytes = 0;           // bytes the server acknowledged
-    double seconds = 0;           // from the first byte sent to the acknowledgement
-    std::vector<int64_t> rttNs;   // latency: one round trip each, warm-up excluded
+struct Result
+{
+    uint64_t bytes = 0;         // bytes the server acknowledged
+    double seconds = 0;         // from the first byte sent to the acknowledgement
+    std::vector<int64_t> rttNs; // latency: one round trip each, warm-up excluded
 };
 
 inline int64_t nowNs()

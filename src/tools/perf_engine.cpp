@@ -28,7 +28,8 @@ namespace {
 constexpr uint32_t kMagic = 0x72706567; // "rpeg"
 constexpr uint8_t kFlagBusyPoll = 1 << 0;
 
-struct Header {
+struct Header
+{
     uint32_t magic;
     uint8_t test;
     uint8_t flags;
@@ -114,8 +115,7 @@ int serveOne(std::unique_ptr<Connection> conn)
     h.msgSize = be32toh(h.msgSize);
     h.durationMs = be32toh(h.durationMs);
     Test test = Test(h.test);
-    if (h.magic != kMagic || h.msgSize == 0 ||
-        (test != Test::Bandwidth && test != Test::Latency)) {
+    if (h.magic != kMagic || h.msgSize == 0 || (test != Test::Bandwidth && test != Test::Latency)) {
         fprintf(stderr, "rstream-perf: engine: bad header, closing\n");
         Connection::abort(std::move(conn));
         return -EPROTO;
@@ -139,8 +139,8 @@ int serveOne(std::unique_ptr<Connection> conn)
         }
     } else {
         for (;;) {
-            ssize_t n = conn->recv(buf.data(), h.msgSize, busyPoll ? kNonBlock : kWaitAll,
-                                   timeoutMs);
+            ssize_t n =
+                conn->recv(buf.data(), h.msgSize, busyPoll ? kNonBlock : kWaitAll, timeoutMs);
             if (n == -EAGAIN && busyPoll && nowNs() < limit)
                 continue;
             if (n <= 0) {

@@ -21,6 +21,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <endian.h>
+#include <poll.h>
+#include <sched.h>
 #include <string>
 #include <sys/random.h>
 #include <vector>
@@ -45,6 +47,15 @@ constexpr uint32_t kMaxRecvs = 256;
 // Receives kept for control messages when writes consume receives too.
 constexpr uint32_t kCtrlReserve = 16;
 constexpr int kEqTimeoutMs = 10000;
+// A waiting side busy-polls the CQ and yields the CPU after each empty poll: pure spinning
+// ends on a machine with few CPUs starve the kernel's loopback processing (ksoftirqd) and
+// each other (tcp bandwidth drops tenfold, latency p99 goes to milliseconds), while a yield
+// costs well under a microsecond when nothing else wants the CPU. After kSpinNs of nothing
+// the side sleeps on the CQ's fd instead.
+constexpr int64_t kSpinNs = 2'000'000;
+constexpr int kSleepMs = 10;
+// Empty CQ polls between looks for a disconnect.
+constexpr uint32_t kEqPolls = 4096;
 
 constexpr unsigned kTypeShift = 30;
 constexpr uint32_t kTypeCredit = 0;
@@ -55,7 +66,8 @@ constexpr uint32_t kCreditBytesMax = (1u << kCreditMsgsShift) - 1;
 constexpr uint32_t kCreditMsgsMax = (1u << (kTypeShift - kCreditMsgsShift)) - 1;
 
 // The CM private data, in network byte order on the wire.
-struct Hello {
+struct Hello
+{
     uint32_t magic;
     uint16_t version;
     uint8_t test;
@@ -123,8 +135,8 @@ fi_info *makeHints()
     hints->ep_attr->type = FI_EP_MSG;
     hints->caps = FI_MSG | FI_RMA;
     hints->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
-    hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
-                                  FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+    hints->domain_attr->mr_mode =
+        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
     hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
     hints->domain_attr->threading = FI_THREAD_SAFE;
     hints->fabric_attr->prov_name = strdup(providerName());
@@ -195,8 +207,11 @@ public:
     int connect(const Hello &local);
     int accept(const Hello &local);
 
-    // Reads the CQ once and returns credits: >= 0 or -errno.
+    // Reads the CQ once and returns credits: completions handled (>= 0) or -errno.
     int progress();
+    // progress() for a caller that cannot go on until something completes: yields now and
+    // then, and after kSpinNs of nothing sleeps on the CQ's wait fd.
+    int progressOrWait();
     // Waits while pred() is false, making progress, until deadlineNs: 0, -ETIMEDOUT or -errno.
     template <typename Pred>
     int progressUntil(Pred pred, int64_t deadlineNs);
@@ -215,12 +230,12 @@ public:
     bool fin() const { return fin_; }
     bool ack() const { return ack_; }
     uint64_t ackValue() const { return ackValue_; }
-    const fi_info *info() const { return info_; }
 
 private:
     int regMr(void *buf, size_t len, uint64_t access, fid_mr **mr, void **desc);
     int postRecv(uint32_t slot);
     int checkEq();
+    void sleepOnCq();
     int cqError();
     void onArrival(uint32_t len);
     void onCtrl(uint32_t imm, uint32_t slot, size_t len);
@@ -228,6 +243,7 @@ private:
     int waitConnected(const char *what);
 
     fi_info *info_ = nullptr;
+    fid_fabric *fabric_ = nullptr;
     fid_domain *domain_ = nullptr;
     fid_eq *eq_ = nullptr;
     fid_cq *cq_ = nullptr;
@@ -280,6 +296,8 @@ private:
     uint64_t ackValue_ = 0;
     bool peerGone_ = false;
     uint32_t idlePolls_ = 0;
+    int64_t idleSinceNs_ = 0;
+    int waitFd_ = -1;
 };
 
 RawConn::~RawConn()
@@ -346,6 +364,7 @@ int RawConn::open(fid_fabric *fabric, fi_info *info, uint32_t ringSize, uint32_t
     ringSize_ = ringSize;
     msgSize_ = msgSize;
 
+    fabric_ = fabric;
     int ret = fi_domain(fabric, info, &domain_, nullptr);
     if (ret) {
         logErr("fi_domain", ret);
@@ -359,8 +378,8 @@ int RawConn::open(fid_fabric *fabric, fi_info *info, uint32_t ringSize, uint32_t
         return ret;
     }
     size_t txDepth = info->tx_attr->size ? info->tx_attr->size : 64;
-    recvCount_ = uint32_t(std::min<size_t>(info->rx_attr->size ? info->rx_attr->size : 64,
-                                           kMaxRecvs));
+    recvCount_ =
+        uint32_t(std::min<size_t>(info->rx_attr->size ? info->rx_attr->size : 64, kMaxRecvs));
     if (rxCqData_ && recvCount_ <= kCtrlReserve + 1) {
         fprintf(stderr, "rstream-perf: raw: receive queue too small\n");
         return -ENOTSUP;
@@ -374,6 +393,8 @@ int RawConn::open(fid_fabric *fabric, fi_info *info, uint32_t ringSize, uint32_t
         logErr("fi_cq_open", ret);
         return ret;
     }
+    if (fi_control(&cq_->fid, FI_GETWAIT, &waitFd_))
+        waitFd_ = -1; // no fd to sleep on: spin
     ret = fi_endpoint(domain_, info, &ep_, nullptr);
     if (ret) {
         logErr("fi_endpoint", ret);
@@ -500,11 +521,8 @@ int RawConn::accept(const Hello &local)
 
 int RawConn::postRecv(uint32_t slot)
 {
-    int ret;
-    do {
-        ret = int(fi_recv(ep_, ctrl_ + 8 * slot, 8, ctrlDesc_, 0, &recvCtx_[slot]));
-        // The queue only fills when our own accounting is wrong; progress frees nothing here.
-    } while (ret == -FI_EAGAIN && (ret = int(fi_cq_read(cq_, nullptr, 0))) == -FI_EAGAIN);
+    // Never more receives than the queue holds: a slot is reposted after its completion.
+    int ret = int(fi_recv(ep_, ctrl_ + 8 * slot, 8, ctrlDesc_, 0, &recvCtx_[slot]));
     if (ret) {
         logErr("fi_recv", ret);
         return ret;
@@ -570,6 +588,9 @@ int RawConn::cqError()
     fi_cq_err_entry err = {};
     if (fi_cq_readerr(cq_, &err, 0) < 0)
         return -EIO;
+    // Posted receives are cancelled when the peer disconnects: not worth a message.
+    if (err.err == FI_ECANCELED)
+        return -ECONNRESET;
     fprintf(stderr, "rstream-perf: raw: completion error: %s\n", fi_strerror(err.err));
     return err.err ? -err.err : -EIO;
 }
@@ -595,7 +616,7 @@ int RawConn::progress()
     ssize_t n = fi_cq_read(cq_, entries, 16);
     if (n == -FI_EAGAIN) {
         int ret = rxBytesOwed_ || rxMsgsOwed_ ? returnCredits() : 0;
-        if (!ret && ++idlePolls_ % 4096 == 0)
+        if (!ret && ++idlePolls_ % kEqPolls == 0)
             ret = checkEq();
         return ret;
     }
@@ -605,6 +626,7 @@ int RawConn::progress()
         logErr("fi_cq_read", int(n));
         return int(n);
     }
+    idlePolls_ = 0;
     for (ssize_t i = 0; i < n; i++) {
         const fi_cq_data_entry &e = entries[i];
         auto *ctx = static_cast<fi_context2 *>(e.op_context);
@@ -629,11 +651,37 @@ int RawConn::progress()
     return ret ? ret : int(n);
 }
 
+void RawConn::sleepOnCq()
+{
+    fid *fids[1] = {&cq_->fid};
+    if (waitFd_ < 0 || fi_trywait(fabric_, fids, 1) != FI_SUCCESS)
+        return;
+    pollfd pfd = {waitFd_, POLLIN, 0};
+    poll(&pfd, 1, kSleepMs);
+}
+
+int RawConn::progressOrWait()
+{
+    int ret = progress();
+    if (ret) {
+        idleSinceNs_ = 0;
+        return ret;
+    }
+    int64_t now = nowNs();
+    if (!idleSinceNs_)
+        idleSinceNs_ = now;
+    if (now - idleSinceNs_ > kSpinNs)
+        sleepOnCq();
+    else
+        sched_yield();
+    return 0;
+}
+
 template <typename Pred>
 int RawConn::progressUntil(Pred pred, int64_t deadlineNs)
 {
     for (uint32_t i = 0; !pred(); i++) {
-        int ret = progress();
+        int ret = progressOrWait();
         if (ret < 0)
             return ret;
         if (i % 1024 == 0 && nowNs() > deadlineNs)
@@ -683,7 +731,7 @@ int RawConn::write()
         int ret = tryWrite();
         if (ret)
             return ret < 0 ? ret : 0;
-        ret = progress();
+        ret = progressOrWait();
         if (ret < 0)
             return ret;
     }
@@ -709,7 +757,7 @@ int RawConn::sendCtrl(uint32_t imm, const void *payload, size_t len)
                 logErr("fi_senddata", int(ret));
             return int(ret);
         }
-        int err = progress();
+        int err = progressOrWait();
         if (err < 0)
             return err;
     }
@@ -720,13 +768,14 @@ void RawConn::waitShutdown(int timeoutMs)
     int64_t deadline = nowNs() + int64_t(timeoutMs) * 1'000'000;
     // Keep making progress: the last control message may still sit in our queue.
     while (!peerGone_ && nowNs() < deadline) {
-        if (progress() < 0 || checkEq() < 0)
+        if (progressOrWait() < 0 || checkEq() < 0)
             break;
     }
 }
 
 // Owns a fabric until the objects opened on it are gone (declare it first).
-struct FabricHolder {
+struct FabricHolder
+{
     fid_fabric *fabric = nullptr;
     ~FabricHolder() { closeFid(fabric ? &fabric->fid : nullptr); }
 };
@@ -759,7 +808,9 @@ int runClient(const Options &opts, Result *result)
     if (opts.test == Test::Bandwidth) {
         for (uint32_t posted = 0; !ret && nowNs() < deadline;) {
             ret = conn.tryWrite();
-            if (ret == 0 || (ret == 1 && ++posted % 8 == 0))
+            if (ret == 0)
+                ret = conn.progressOrWait();
+            else if (ret == 1 && ++posted % 8 == 0)
                 ret = conn.progress();
             ret = std::min(ret, 0);
         }
@@ -805,7 +856,7 @@ int serveOne(fid_fabric *fabric, fid_pep *pep, fi_info *info, const void *data, 
     Test test = Test(peer.test);
     RawConn conn;
     fid_t handle = info->handle;
-    ret = conn.open(fabric, info, std::max(peer.ringSize, peer.msgSize), peer.msgSize);
+    ret = conn.open(fabric, info, peer.ringSize, peer.msgSize);
     if (!ret)
         ret = conn.setPeer(peer);
     if (ret) {
@@ -823,8 +874,8 @@ int serveOne(fid_fabric *fabric, fid_pep *pep, fi_info *info, const void *data, 
     } else {
         // Answer each message with one of the same size until the client says it is done.
         for (uint64_t answered = 0; !ret && !conn.fin();) {
-            ret = conn.progressUntil([&] { return conn.fin() || conn.arrivals() > answered; },
-                                     limit);
+            ret =
+                conn.progressUntil([&] { return conn.fin() || conn.arrivals() > answered; }, limit);
             for (; !ret && answered < conn.arrivals(); answered++)
                 ret = conn.write();
         }
@@ -849,9 +900,13 @@ int serveOne(fid_fabric *fabric, fid_pep *pep, fi_info *info, const void *data, 
 
 int rawClient(const Options &opts, Result *result)
 {
-    if (opts.size > opts.ring || opts.ring > kMaxRing) {
-        fprintf(stderr, "rstream-perf: raw: --size must not exceed --ring (at most %u)\n",
-                kMaxRing);
+    if (opts.ring > kMaxRing) {
+        fprintf(stderr, "rstream-perf: raw: --ring is at most %u MiB\n", kMaxRing >> 20);
+        return -EINVAL;
+    }
+    if (opts.size > opts.ring) {
+        fprintf(stderr, "rstream-perf: raw: --size (%u) must not exceed --ring (%u)\n", opts.size,
+                opts.ring);
         return -EINVAL;
     }
     return runClient(opts, result);

@@ -25,7 +25,8 @@ const char kUsage[] =
 
 The server serves both transports, one run at a time per transport, until it is killed:
 plain libfabric ("raw") on port P and the rstream engine on port P+1 (default P = 18515).
-Its address defaults to 0.0.0.0. Each client run picks its transport by the port it uses.
+Its address defaults to 0.0.0.0. Each client run picks its transport by the port it uses
+(the client adds 1 to --port for the engine, so client and server take the same P).
 
 Tests:
   bw   the client sends BYTES-sized messages for S seconds, then the server acknowledges the
@@ -34,13 +35,15 @@ Tests:
        p50_us/p99_us are one-way latencies: half the round-trip time, as sockperf reports.
 
 Transports:
-  raw     fi_writedata of BYTES into the peer's receive ring (--ring, default 1 MiB), the
-          length in the immediate, space handed back with zero-length credit sends. Provider
-          tcp, or RSTREAM_PROVIDER. BYTES must not exceed the ring. The receiver does not
-          copy the data out: this is the ceiling.
-  engine  rstream::Connection send/recv (blocking calls; --busy-poll spins on nonblocking
-          ones, on both sides), send and receive buffers of --ring bytes. Other settings come
-          from the RSTREAM_* environment variables.
+  raw     fi_writedata of BYTES into the peer's receive ring, the length in the immediate,
+          space handed back with zero-length credit sends; the client's --ring (default
+          1 MiB, at most 64 MiB, at least BYTES) sizes the rings of both sides. Provider tcp,
+          or RSTREAM_PROVIDER. Waiting sides busy-poll the CQ (yielding the CPU between
+          polls). The receiver does not copy the data out: this is the ceiling.
+  engine  rstream::Connection send/recv: blocking calls, or with --busy-poll nonblocking
+          ones in a loop, on both sides. Send and receive buffers of --ring bytes (default
+          1 MiB; the server's --ring for its side). Other settings come from the RSTREAM_*
+          environment variables.
 
 Sizes take a k, m or g suffix (powers of 1024). The client's last line of output is JSON:
   {"transport":"raw","test":"bw","size":65536,"MBps":1234.5,"p50_us":null,"p99_us":null}
@@ -106,8 +109,8 @@ int runClient(const Options &opts, bool engine)
     const char *test = testName(opts.test);
     if (opts.test == Test::Bandwidth) {
         double mbps = result.seconds > 0 ? double(result.bytes) / result.seconds / 1e6 : 0;
-        printf("%s %s %u B: %.1f MB/s (%llu bytes in %.2f s)\n", transport, test, opts.size,
-               mbps, (unsigned long long)result.bytes, result.seconds);
+        printf("%s %s %u B: %.1f MB/s (%llu bytes in %.2f s)\n", transport, test, opts.size, mbps,
+               (unsigned long long)result.bytes, result.seconds);
         printf("{\"transport\":\"%s\",\"test\":\"%s\",\"size\":%u,\"MBps\":%.1f,"
                "\"p50_us\":null,\"p99_us\":null}\n",
                transport, test, opts.size, mbps);
@@ -120,8 +123,8 @@ int runClient(const Options &opts, bool engine)
     std::sort(result.rttNs.begin(), result.rttNs.end());
     double p50 = oneWayUs(result.rttNs, 50);
     double p99 = oneWayUs(result.rttNs, 99);
-    printf("%s %s %u B: one-way (RTT/2) p50 %.2f us, p99 %.2f us over %zu round trips\n",
-           transport, test, opts.size, p50, p99, result.rttNs.size());
+    printf("%s %s %u B: one-way (RTT/2) p50 %.2f us, p99 %.2f us over %zu round trips\n", transport,
+           test, opts.size, p50, p99, result.rttNs.size());
     printf("{\"transport\":\"%s\",\"test\":\"%s\",\"size\":%u,\"MBps\":null,"
            "\"p50_us\":%.2f,\"p99_us\":%.2f}\n",
            transport, test, opts.size, p50, p99);
@@ -130,16 +133,23 @@ int runClient(const Options &opts, bool engine)
 
 int runServer(const Options &opts)
 {
-    std::atomic<int> failed{0};
-    Options engineOpts = opts;
+    static std::atomic<int> stopped{0};
+    static Options rawOpts, engineOpts;
+    rawOpts = opts;
+    engineOpts = opts;
     engineOpts.port = uint16_t(opts.port + 1);
-    // Each transport serves its clients in its own thread; either one failing ends the server.
-    std::thread raw([&] { failed = rawServer(opts) ? 1 : 2; });
-    std::thread engine([&] { failed = engineServer(engineOpts) ? 1 : 2; });
-    raw.detach();
-    engine.detach();
-    while (!failed)
-        pause();
+    // Each transport serves its clients in its own thread, and returns only when it cannot
+    // serve at all (it said why); the server goes on while either one still works.
+    std::thread([] {
+        rawServer(rawOpts);
+        stopped++;
+    }).detach();
+    std::thread([] {
+        engineServer(engineOpts);
+        stopped++;
+    }).detach();
+    while (stopped < 2)
+        usleep(100'000);
     fflush(stdout);
     _exit(1);
 }

@@ -14,6 +14,8 @@
 #include <unistd.h>
 #include <vector>
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include "connection.h"
@@ -23,7 +25,8 @@ using namespace rstream;
 
 namespace {
 
-struct Mode {
+struct Mode
+{
     const char *name;
     bool iwarp;
     bool strict;
@@ -89,8 +92,8 @@ protected:
     }
 
     // A connected pair: first the client, second the server side.
-    std::pair<std::unique_ptr<Connection>, std::unique_ptr<Connection>>
-    pair(const Settings &client, const Settings &server)
+    std::pair<std::unique_ptr<Connection>, std::unique_ptr<Connection>> pair(const Settings &client,
+                                                                             const Settings &server)
     {
         auto l = listen(server);
         std::unique_ptr<Connection> accepted;
@@ -148,6 +151,336 @@ TEST_P(EngineTest, ConnectSendRecv)
     EXPECT_EQ(s->send("x", 1), 1);
     EXPECT_EQ(c->recv(buf, 1, 0, 5000), 1);
     EXPECT_EQ(buf[0], 'x');
+}
+
+TEST_P(EngineTest, TransfersOfEverySizeBothWaysAtOnce)
+{
+    for (size_t size :
+         {size_t(1), size_t(4095), size_t(65537), size_t(1) << 20, size_t(16) << 20}) {
+        auto [c, s] = pair();
+        ASSERT_TRUE(c && s);
+        std::vector<uint8_t> a(size), b(size), ra(size), rb(size);
+        std::mt19937 rng(size);
+        for (auto &x : a)
+            x = rng();
+        for (auto &x : b)
+            x = rng();
+        std::thread t1([&] {
+            std::mt19937 r(1);
+            sendAll(*c, a.data(), size, r, 70000);
+        });
+        std::thread t2([&] {
+            std::mt19937 r(2);
+            sendAll(*s, b.data(), size, r, 9000);
+        });
+        std::thread t3([&] {
+            std::mt19937 r(3);
+            recvAll(*s, ra.data(), size, r, 50000);
+        });
+        std::mt19937 r4(4);
+        recvAll(*c, rb.data(), size, r4, 3000);
+        t1.join();
+        t2.join();
+        t3.join();
+        EXPECT_EQ(checksum(a.data(), size), checksum(ra.data(), size)) << size;
+        EXPECT_EQ(checksum(b.data(), size), checksum(rb.data(), size)) << size;
+        EXPECT_EQ(c->bytesSent(), size);
+        EXPECT_EQ(s->bytesReceived(), size);
+    }
+}
+
+TEST_P(EngineTest, SixtyFourMiBThroughFourKiBReceiveBuffer)
+{
+    Settings small = settings();
+    ASSERT_EQ(small.setRecvBuf(4096), 0);
+    ASSERT_EQ(small.setSendBuf(4096), 0);
+    auto [c, s] = pair(small, small);
+    ASSERT_TRUE(c && s);
+    const size_t size = size_t(64) << 20;
+    std::vector<uint8_t> a(size), r(size);
+    std::mt19937 rng(7);
+    for (size_t i = 0; i < size; i += 4)
+        *reinterpret_cast<uint32_t *>(&a[i]) = rng();
+    std::thread t([&] {
+        std::mt19937 g(8);
+        sendAll(*c, a.data(), size, g, 1 << 20);
+    });
+    std::mt19937 g(9);
+    recvAll(*s, r.data(), size, g, 1 << 20);
+    t.join();
+    EXPECT_EQ(checksum(a.data(), size), checksum(r.data(), size));
+}
+
+TEST_P(EngineTest, SmallMessageStorm)
+{
+    auto [c, s] = pair();
+    ASSERT_TRUE(c && s);
+    const int n = 20000;
+    std::thread t([&] {
+        for (int i = 0; i < n; i++) {
+            uint32_t v = i;
+            ASSERT_EQ(c->send(&v, sizeof(v)), 4);
+        }
+    });
+    for (int i = 0; i < n; i++) {
+        uint32_t v;
+        ASSERT_EQ(s->recv(&v, sizeof(v), kWaitAll, 10000), 4);
+        ASSERT_EQ(v, uint32_t(i));
+    }
+    t.join();
+}
+
+TEST_P(EngineTest, PingPong)
+{
+    auto [c, s] = pair();
+    ASSERT_TRUE(c && s);
+    std::thread t([&] {
+        char b[64];
+        for (int i = 0; i < 2000; i++) {
+            ASSERT_EQ(s->recv(b, sizeof(b), kWaitAll, 10000), 64);
+            ASSERT_EQ(s->send(b, sizeof(b)), 64);
+        }
+    });
+    char b[64] = {1};
+    for (int i = 0; i < 2000; i++) {
+        ASSERT_EQ(c->send(b, sizeof(b)), 64);
+        ASSERT_EQ(c->recv(b, sizeof(b), kWaitAll, 10000), 64);
+    }
+    t.join();
+}
+
+TEST_P(EngineTest, ManyConcurrentConnectionsWithThreads)
+{
+    const int n = 256;
+    auto l = listen(settings());
+    std::vector<std::unique_ptr<Connection>> servers(n);
+    std::thread acceptor([&] {
+        for (int i = 0; i < n; i++)
+            ASSERT_EQ(l->accept(&servers[i], false, 20000), 0);
+    });
+    std::vector<std::unique_ptr<Connection>> clients;
+    for (int i = 0; i < n; i++)
+        clients.push_back(connect(settings()));
+    acceptor.join();
+    // Every server echoes what it reads; a sender and a receiver thread per client.
+    const size_t size = 64 * 1024;
+    std::atomic<int> ok{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; i++) {
+        threads.emplace_back([&, i] {
+            std::vector<uint8_t> buf(size);
+            size_t got = 0;
+            while (got < size) {
+                ssize_t r = servers[i]->recv(buf.data(), 4096, 0, 20000);
+                if (r <= 0)
+                    return;
+                if (servers[i]->send(buf.data(), r) != r)
+                    return;
+                got += r;
+            }
+        });
+        threads.emplace_back([&, i] {
+            std::vector<uint8_t> a(size, uint8_t(i));
+            std::mt19937 g(i);
+            sendAll(*clients[i], a.data(), size, g, 8192);
+        });
+        threads.emplace_back([&, i] {
+            std::vector<uint8_t> r(size);
+            std::mt19937 g(i + 1000);
+            recvAll(*clients[i], r.data(), size, g, 8192);
+            if (std::all_of(r.begin(), r.end(), [&](uint8_t x) { return x == uint8_t(i); }))
+                ok++;
+        });
+    }
+    for (auto &t : threads)
+        t.join();
+    EXPECT_EQ(ok.load(), n);
+}
+
+TEST_P(EngineTest, NonblockingConnectAndAccept)
+{
+    auto l = listen(settings());
+    std::unique_ptr<Connection> accepted;
+    EXPECT_EQ(l->accept(&accepted, true), -EAGAIN);
+    auto c = std::make_unique<Connection>(settings());
+    sockaddr_in a = loopback(port_);
+    ASSERT_EQ(c->connect(reinterpret_cast<sockaddr *>(&a), sizeof(a), true), -EINPROGRESS);
+    EXPECT_EQ(c->connect(reinterpret_cast<sockaddr *>(&a), sizeof(a), true), -EALREADY);
+    // Not writable until the connection is established.
+    EXPECT_EQ(c->send("x", 1, kNonBlock), -EAGAIN);
+    // The listener's wait fd becomes readable when the request arrives.
+    for (;;) {
+        int r = l->accept(&accepted, true);
+        if (r == 0)
+            break;
+        ASSERT_EQ(r, -EAGAIN);
+        if (l->arm() == 0) {
+            pollfd p{l->waitFd(), POLLIN, 0};
+            ASSERT_EQ(poll(&p, 1, 5000), 1);
+        }
+    }
+    EXPECT_GT(c->wait(kWritable, 5000), 0);
+    EXPECT_EQ(c->connectResult(), 0);
+    EXPECT_EQ(c->connect(reinterpret_cast<sockaddr *>(&a), sizeof(a), true), -EISCONN);
+    EXPECT_EQ(c->send("y", 1, kNonBlock), 1);
+    char b;
+    EXPECT_EQ(accepted->recv(&b, 1, 0, 5000), 1);
+    EXPECT_EQ(b, 'y');
+}
+
+TEST_P(EngineTest, PeekAndWaitFd)
+{
+    auto [c, s] = pair();
+    ASSERT_TRUE(c && s);
+    EXPECT_EQ(s->peekRecv(), -EAGAIN);
+    EXPECT_EQ(c->peekSend(), ssize_t(settings().sendBuf));
+    // Data arriving makes the wait fd readable (after arming).
+    ASSERT_EQ(s->arm(), 0);
+    pollfd p{s->waitFd(), POLLIN, 0};
+    EXPECT_EQ(poll(&p, 1, 0), 0);
+    ASSERT_EQ(c->send("abc", 3), 3);
+    EXPECT_EQ(poll(&p, 1, 5000), 1);
+    for (int i = 0; i < 1000 && s->peekRecv() < 3; i++)
+        usleep(1000);
+    EXPECT_EQ(s->peekRecv(), 3);
+    char b[8] = {};
+    EXPECT_EQ(s->recv(b, 2, kPeek), 2);
+    EXPECT_EQ(std::string(b, 2), "ab");
+    EXPECT_EQ(s->peekRecv(), 3);
+    EXPECT_EQ(s->recv(b, 8), 3);
+    EXPECT_EQ(std::string(b, 3), "abc");
+    EXPECT_EQ(s->recv(b, 8, kNonBlock), -EAGAIN);
+    // A full send ring: not writable; space returning makes it writable again.
+    std::vector<uint8_t> big(1 << 20);
+    ssize_t queued = 0, r;
+    while ((r = c->send(big.data(), big.size(), kNonBlock)) > 0)
+        queued += r;
+    EXPECT_EQ(r, -EAGAIN);
+    EXPECT_EQ(c->peekSend(), 0);
+    EXPECT_EQ(c->wait(kWritable, 50), 0);
+    std::thread reader([&] {
+        std::vector<uint8_t> sink(queued);
+        std::mt19937 g(1);
+        recvAll(*s, sink.data(), queued, g, 65536);
+    });
+    EXPECT_GT(c->wait(kWritable, 5000), 0);
+    EXPECT_GT(c->peekSend(), 0);
+    reader.join();
+    // EOF makes it readable.
+    ASSERT_EQ(c->shutdown(SHUT_WR), 0);
+    EXPECT_EQ(s->wait(kReadable, 5000), kReadable);
+    EXPECT_EQ(s->peekRecv(), 0);
+}
+
+TEST_P(EngineTest, HalfClose)
+{
+    auto [c, s] = pair();
+    ASSERT_TRUE(c && s);
+    ASSERT_EQ(c->send("req", 3), 3);
+    ASSERT_EQ(c->shutdown(SHUT_WR), 0);
+    EXPECT_EQ(c->send("x", 1), -EPIPE);
+    char b[8];
+    EXPECT_EQ(s->recv(b, 8, kWaitAll, 5000), 3);
+    EXPECT_EQ(s->recv(b, 8, 0, 5000), 0);
+    EXPECT_EQ(s->recv(b, 8, 0, 5000), 0);
+    // The other direction still works.
+    ASSERT_EQ(s->send("reply", 5), 5);
+    EXPECT_EQ(c->recv(b, 5, kWaitAll, 5000), 5);
+    EXPECT_EQ(std::string(b, 5), "reply");
+}
+
+TEST_P(EngineTest, GracefulCloseDeliversAllData)
+{
+    Settings st = settings();
+    auto [c, s] = pair(st, st);
+    ASSERT_TRUE(c && s);
+    const size_t size = 8 << 20;
+    std::vector<uint8_t> a(size), r(size);
+    std::mt19937 rng(5);
+    for (auto &x : a)
+        x = rng();
+    std::thread writer([&] {
+        std::mt19937 g(6);
+        sendAll(*c, a.data(), size, g, 100000);
+        Connection::close(std::move(c));
+    });
+    std::mt19937 g(7);
+    // Read slowly at first so the close happens with data still queued.
+    usleep(100000);
+    recvAll(*s, r.data(), size, g, 65536);
+    writer.join();
+    EXPECT_EQ(checksum(a.data(), size), checksum(r.data(), size));
+    char b;
+    EXPECT_EQ(s->recv(&b, 1, 0, 5000), 0);
+    EXPECT_EQ(s->send("x", 1), -EPIPE);
+}
+
+TEST_P(EngineTest, AbortGivesConnectionReset)
+{
+    auto [c, s] = pair();
+    ASSERT_TRUE(c && s);
+    Connection::abort(std::move(c));
+    char b;
+    EXPECT_EQ(s->recv(&b, 1, 0, 5000), -ECONNRESET);
+}
+
+TEST_P(EngineTest, ConnectToNothingIsRefusedFast)
+{
+    auto l = listen(settings());
+    uint16_t port = port_;
+    l.reset();
+    auto c = std::make_unique<Connection>(settings());
+    sockaddr_in a = loopback(port);
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(c->connect(reinterpret_cast<sockaddr *>(&a), sizeof(a)), -ECONNREFUSED);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+}
+
+TEST_P(EngineTest, PeerProcessKilledMidTransfer)
+{
+    auto l = listen(settings());
+    uint16_t port = port_;
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        Connection c(settings());
+        sockaddr_in a = loopback(port);
+        if (c.connect(reinterpret_cast<sockaddr *>(&a), sizeof(a)) != 0)
+            _exit(1);
+        std::vector<uint8_t> buf(1 << 16, 0x5a);
+        for (;;)
+            c.send(buf.data(), buf.size());
+    }
+    std::unique_ptr<Connection> s;
+    ASSERT_EQ(l->accept(&s, false, 10000), 0);
+    std::vector<uint8_t> buf(1 << 16);
+    ASSERT_GT(s->recv(buf.data(), buf.size(), 0, 10000), 0);
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    auto t0 = std::chrono::steady_clock::now();
+    ssize_t r;
+    while ((r = s->recv(buf.data(), buf.size(), 0, 10000)) > 0) {
+    }
+    EXPECT_EQ(r, -ECONNRESET);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+    EXPECT_LT(s->send(buf.data(), 1), 0);
+}
+
+TEST_P(EngineTest, AddressesAreReported)
+{
+    auto [c, s] = pair();
+    ASSERT_TRUE(c && s);
+    sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    ASSERT_EQ(c->peerAddress(&ss, &len), 0);
+    EXPECT_EQ(ntohs(reinterpret_cast<sockaddr_in *>(&ss)->sin_port), port_);
+    len = sizeof(ss);
+    ASSERT_EQ(c->localAddress(&ss, &len), 0);
+    uint16_t clientPort = ntohs(reinterpret_cast<sockaddr_in *>(&ss)->sin_port);
+    EXPECT_NE(clientPort, 0);
+    len = sizeof(ss);
+    ASSERT_EQ(s->peerAddress(&ss, &len), 0);
+    EXPECT_EQ(ntohs(reinterpret_cast<sockaddr_in *>(&ss)->sin_port), clientPort);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, EngineTest, ::testing::ValuesIn(kModes),
