@@ -13,12 +13,18 @@ namespace rstream {
 
 int parseSize(const char *text, uint64_t *out)
 {
-    if (!text || !*text)
+    if (!text)
+        return -EINVAL;
+    while (*text == ' ' || *text == '\t')
+        text++;
+    // Decimal, or hexadecimal with 0x; never octal, and never negative.
+    int base = (text[0] == '0' && (text[1] == 'x' || text[1] == 'X')) ? 16 : 10;
+    if (!*text || text[0] == '-' || text[0] == '+')
         return -EINVAL;
     errno = 0;
     char *end = nullptr;
-    unsigned long long v = std::strtoull(text, &end, 0);
-    if (errno || end == text || text[0] == '-')
+    unsigned long long v = std::strtoull(text, &end, base);
+    if (errno || end == text)
         return -EINVAL;
     unsigned shift = 0;
     switch (*end) {

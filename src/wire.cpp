@@ -61,7 +61,7 @@ std::optional<Message> decode(uint32_t word)
 unsigned creditShift(uint64_t ringSize)
 {
     unsigned shift = 0;
-    while ((ringSize - 1) >> shift > kMaxRingUnits)
+    while ((ringSize >> shift) > kMaxRingUnits)
         shift++;
     return shift;
 }

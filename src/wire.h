@@ -14,9 +14,9 @@
 //   op 0 DATA    payload = length in bytes (1 .. 2^29-1) of the write that landed at the
 //                receiver's current ring position (offsets are implicit: in order, never wrap)
 //   op 1 CREDIT  payload bits 28..16 = receive slots returned (0 .. 8191)
-//                payload bits 15..0  = ring space returned, in units of the receiver's
-//                                      credit unit (ring size rounded up to a power of two,
-//                                      divided by 2^16, at least 1 byte)
+//                payload bits 15..0  = ring space returned, in units of 2^shift bytes, the
+//                                      smallest shift for which the whole receive ring fits
+//                                      in 16 bits (ringSize >> shift <= 65535)
 //   op 2 CTRL    payload = control code (SHUT_WR, DISCONNECT, RESET, KEEPALIVE)
 //   op 3..7      invalid: the connection is reset
 #pragma once

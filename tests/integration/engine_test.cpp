@@ -16,6 +16,10 @@
 
 #include <algorithm>
 
+#include <fcntl.h>
+#include <rdma/fi_cm.h>
+#include <string>
+
 #include <gtest/gtest.h>
 
 #include "connection.h"
@@ -483,5 +487,112 @@ TEST_P(EngineTest, AddressesAreReported)
     EXPECT_EQ(ntohs(reinterpret_cast<sockaddr_in *>(&ss)->sin_port), clientPort);
 }
 
+TEST_P(EngineTest, FewFileDescriptorsPerConnection)
+{
+    auto countFds = [] {
+        int n = 0;
+        for (int fd = 0; fd < 65536; fd++)
+            if (fcntl(fd, F_GETFD) >= 0)
+                n++;
+        return n;
+    };
+    auto l = listen(settings());
+    // Warm up the domain and the progress thread, which are shared.
+    {
+        auto warm = pair();
+    }
+    const int before = countFds();
+    const int n = 100;
+    std::vector<std::unique_ptr<Connection>> conns;
+    std::thread acceptor([&] {
+        for (int i = 0; i < n; i++) {
+            std::unique_ptr<Connection> a;
+            ASSERT_EQ(listener_->accept(&a, false, 10000), 0);
+            conns.push_back(std::move(a));
+        }
+    });
+    std::vector<std::unique_ptr<Connection>> clients;
+    for (int i = 0; i < n; i++)
+        clients.push_back(connect(settings()));
+    acceptor.join();
+    const int perConnection = (countFds() - before) / (2 * n);
+    RecordProperty("fds_per_connection", perConnection);
+    EXPECT_LE(perConnection, 5);
+}
+
+TEST_P(EngineTest, PeerWithBadHelloIsRejected)
+{
+    auto l = listen(settings());
+    fi_info *hints = fi_allocinfo();
+    hints->ep_attr->type = FI_EP_MSG;
+    hints->caps = FI_MSG | FI_RMA;
+    hints->fabric_attr->prov_name = strdup("tcp");
+    fi_info *info = nullptr;
+    std::string port = std::to_string(port_);
+    ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", port.c_str(), 0, hints, &info), 0);
+    fi_freeinfo(hints);
+    fid_fabric *fabric;
+    fid_domain *domain;
+    fid_eq *eq;
+    fid_ep *ep;
+    ASSERT_EQ(fi_fabric(info->fabric_attr, &fabric, nullptr), 0);
+    ASSERT_EQ(fi_domain(fabric, info, &domain, nullptr), 0);
+    fi_eq_attr eattr{};
+    eattr.wait_obj = FI_WAIT_FD;
+    ASSERT_EQ(fi_eq_open(fabric, &eattr, &eq, nullptr), 0);
+    ASSERT_EQ(fi_endpoint(domain, info, &ep, nullptr), 0);
+    fid_cq *cq;
+    fi_cq_attr cattr{};
+    cattr.format = FI_CQ_FORMAT_DATA;
+    ASSERT_EQ(fi_cq_open(domain, &cattr, &cq, nullptr), 0);
+    ASSERT_EQ(fi_ep_bind(ep, &eq->fid, 0), 0);
+    ASSERT_EQ(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), 0);
+    ASSERT_EQ(fi_enable(ep), 0);
+    // A hello from a future protocol version.
+    wire::Hello h;
+    h.version = wire::kVersion + 1;
+    h.ringSize = 4096;
+    h.rxSlots = 16;
+    uint8_t data[wire::kHelloSize];
+    wire::encodeHello(h, data);
+    ASSERT_EQ(fi_connect(ep, info->dest_addr, data, sizeof(data)), 0);
+    std::unique_ptr<Connection> accepted;
+    // The listener rejects the request and goes on waiting for a good one.
+    std::thread server([&] { EXPECT_EQ(l->accept(&accepted, false, 1000), -ETIMEDOUT); });
+    uint32_t event;
+    alignas(fi_eq_cm_entry) uint8_t buf[sizeof(fi_eq_cm_entry) + 256];
+    ssize_t r = fi_eq_sread(eq, &event, buf, sizeof(buf), 5000, 0);
+    EXPECT_EQ(r, -FI_EAVAIL);
+    fi_eq_err_entry err{};
+    fi_eq_readerr(eq, &err, 0);
+    EXPECT_EQ(err.err, FI_ECONNREFUSED);
+    server.join();
+    EXPECT_FALSE(accepted);
+    // The listener still serves good peers.
+    std::thread good([&] { EXPECT_EQ(l->accept(&accepted, false, 5000), 0); });
+    auto c = connect(settings());
+    good.join();
+    EXPECT_TRUE(accepted);
+    fi_close(&ep->fid);
+    fi_close(&cq->fid);
+    fi_close(&eq->fid);
+    fi_close(&domain->fid);
+    fi_close(&fabric->fid);
+    fi_freeinfo(info);
+}
+
+TEST(EngineSettings, OutOfRangeValuesAreRejected)
+{
+    Settings s;
+    EXPECT_EQ(s.setRecvBuf(1), -EINVAL);
+    EXPECT_EQ(s.setSendBuf(size_t(1) << 40), -EINVAL);
+    EXPECT_EQ(s.setTxSize(0), -EINVAL);
+    EXPECT_EQ(s.setRxSize(1u << 20), -EINVAL);
+    EXPECT_EQ(s.recvBuf, 32u * 1024);
+    EXPECT_EQ(s.sendBuf, 32u * 1024);
+    EXPECT_EQ(s.txSize, 384u);
+    EXPECT_EQ(s.rxSize, 384u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, EngineTest, ::testing::ValuesIn(kModes),
-                         [](const auto &info) { return std::string(info.param.name); });
+                         [](const auto &p) { return std::string(p.param.name); });
