@@ -3,7 +3,9 @@
 
 #include "fabric.h"
 
+#include <arpa/inet.h>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -110,18 +112,43 @@ int getInfo(const Settings &settings, const sockaddr *src, socklen_t srcLen, con
     if (any)
         hints->addr_format = any->sa_family == AF_INET6 ? FI_SOCKADDR_IN6 : FI_SOCKADDR_IN;
     uint64_t flags = 0;
-    if (src) {
-        hints->src_addr = malloc(srcLen);
-        memcpy(hints->src_addr, src, srcLen);
-        hints->src_addrlen = srcLen;
-    }
+    char node[INET6_ADDRSTRLEN] = {};
+    char service[8] = {};
+    bool byName = false;
     if (dst) {
+        if (src) {
+            hints->src_addr = malloc(srcLen);
+            memcpy(hints->src_addr, src, srcLen);
+            hints->src_addrlen = srcLen;
+        }
         hints->dest_addr = malloc(dstLen);
         memcpy(hints->dest_addr, dst, dstLen);
         hints->dest_addrlen = dstLen;
+    } else if (src) {
+        // A passive endpoint: by node and service with FI_SOURCE, since the provider drops the
+        // port of a wildcard source address.
+        uint16_t port;
+        bool wildcard;
+        if (src->sa_family == AF_INET6) {
+            auto *a = reinterpret_cast<const sockaddr_in6 *>(src);
+            port = ntohs(a->sin6_port);
+            wildcard = IN6_IS_ADDR_UNSPECIFIED(&a->sin6_addr);
+            inet_ntop(AF_INET6, &a->sin6_addr, node, sizeof(node));
+        } else {
+            auto *a = reinterpret_cast<const sockaddr_in *>(src);
+            port = ntohs(a->sin_port);
+            wildcard = a->sin_addr.s_addr == htonl(INADDR_ANY);
+            inet_ntop(AF_INET, &a->sin_addr, node, sizeof(node));
+        }
+        snprintf(service, sizeof(service), "%u", port);
+        if (wildcard)
+            node[0] = '\0';
+        flags |= FI_SOURCE;
+        byName = true;
     }
     fi_info *info = nullptr;
-    int ret = fi_getinfo(kApiVersion, nullptr, nullptr, flags, hints, &info);
+    int ret = fi_getinfo(kApiVersion, byName && node[0] ? node : nullptr,
+                         byName ? service : nullptr, flags, hints, &info);
     fi_freeinfo(hints);
     if (ret) {
         RS_LOG(Debug, "fi_getinfo(%s): %s", prov.c_str(), fi_strerror(-ret));

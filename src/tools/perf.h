@@ -11,7 +11,7 @@
 namespace rstream::perf {
 
 constexpr uint16_t kDefaultPort = 18515;
-// Round trips run before the measured ones in the latency test.
+// Round trips run before the measured ones in the latency test, for at most a tenth of it.
 constexpr int kWarmupRounds = 100;
 // How long a server waits for a client that stops talking, beyond the run's own length.
 constexpr int64_t kGraceNs = 30'000'000'000;
@@ -45,6 +45,11 @@ inline int64_t nowNs()
     timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+inline bool warmingUp(int64_t round, int64_t elapsedNs, double seconds)
+{
+    return round < kWarmupRounds && elapsedNs < int64_t(seconds * 1e8);
 }
 
 inline const char *testName(Test test)

@@ -14,6 +14,8 @@
 #include <endian.h>
 #include <memory>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <sched.h>
 #include <string>
 #include <sys/socket.h>
 #include <vector>
@@ -77,8 +79,10 @@ ssize_t sendAll(Connection &conn, const uint8_t *buf, size_t len, bool busyPoll)
     int flags = busyPoll ? kNonBlock : 0;
     for (size_t done = 0; done < len;) {
         ssize_t n = conn.send(buf + done, len - done, flags);
-        if (n == -EAGAIN && busyPoll)
+        if (n == -EAGAIN && busyPoll) {
+            sched_yield(); // see perf_raw.cpp: pure spinning starves loopback tcp
             continue;
+        }
         if (n < 0)
             return n;
         done += size_t(n);
@@ -86,13 +90,15 @@ ssize_t sendAll(Connection &conn, const uint8_t *buf, size_t len, bool busyPoll)
     return 0;
 }
 
-ssize_t recvAll(Connection &conn, uint8_t *buf, size_t len, bool busyPoll)
+ssize_t recvAll(Connection &conn, uint8_t *buf, size_t len, bool busyPoll, int timeoutMs = -1)
 {
     int flags = busyPoll ? kNonBlock : kWaitAll;
     for (size_t done = 0; done < len;) {
-        ssize_t n = conn.recv(buf + done, len - done, flags);
-        if (n == -EAGAIN && busyPoll)
+        ssize_t n = conn.recv(buf + done, len - done, flags, timeoutMs);
+        if (n == -EAGAIN && busyPoll) {
+            sched_yield(); // see perf_raw.cpp: pure spinning starves loopback tcp
             continue;
+        }
         if (n < 0)
             return n;
         if (n == 0)
@@ -105,7 +111,7 @@ ssize_t recvAll(Connection &conn, uint8_t *buf, size_t len, bool busyPoll)
 int serveOne(std::unique_ptr<Connection> conn)
 {
     Header h;
-    ssize_t ret = recvAll(*conn, reinterpret_cast<uint8_t *>(&h), sizeof(h), false);
+    ssize_t ret = recvAll(*conn, reinterpret_cast<uint8_t *>(&h), sizeof(h), false, 10000);
     if (ret) {
         logErr("header", ret);
         Connection::abort(std::move(conn));
@@ -129,8 +135,10 @@ int serveOne(std::unique_ptr<Connection> conn)
     if (test == Test::Bandwidth) {
         for (;;) {
             ssize_t n = conn->recv(buf.data(), buf.size(), busyPoll ? kNonBlock : 0, timeoutMs);
-            if (n == -EAGAIN && busyPoll && nowNs() < limit)
+            if (n == -EAGAIN && busyPoll && nowNs() < limit) {
+                sched_yield();
                 continue;
+            }
             if (n <= 0) {
                 ret = n;
                 break;
@@ -141,15 +149,17 @@ int serveOne(std::unique_ptr<Connection> conn)
         for (;;) {
             ssize_t n =
                 conn->recv(buf.data(), h.msgSize, busyPoll ? kNonBlock : kWaitAll, timeoutMs);
-            if (n == -EAGAIN && busyPoll && nowNs() < limit)
+            if (n == -EAGAIN && busyPoll && nowNs() < limit) {
+                sched_yield();
                 continue;
+            }
             if (n <= 0) {
                 ret = n;
                 break;
             }
             total += uint64_t(n);
             if (n < ssize_t(h.msgSize)) {
-                ret = recvAll(*conn, buf.data() + n, h.msgSize - size_t(n), busyPoll);
+                ret = recvAll(*conn, buf.data() + n, h.msgSize - size_t(n), busyPoll, timeoutMs);
                 if (ret)
                     break;
                 total += h.msgSize - uint64_t(n);
@@ -214,12 +224,13 @@ int engineClient(const Options &opts, Result *result)
         result->rttNs.reserve(1 << 20);
         for (int64_t round = 0; !err; round++) {
             int64_t t0 = nowNs();
-            if (t0 >= deadline && round >= kWarmupRounds)
+            if (t0 >= deadline && !result->rttNs.empty())
                 break;
+            bool warm = warmingUp(round, t0 - start, opts.seconds);
             err = sendAll(*conn, buf.data(), buf.size(), opts.busyPoll);
             if (!err)
                 err = recvAll(*conn, buf.data(), buf.size(), opts.busyPoll);
-            if (!err && round >= kWarmupRounds)
+            if (!err && !warm)
                 result->rttNs.push_back(nowNs() - t0);
         }
     }
@@ -254,6 +265,19 @@ int engineServer(const Options &opts)
     if (ret) {
         logErr("listen", ret);
         return ret;
+    }
+    sockaddr_storage bound;
+    socklen_t boundLen = sizeof(bound);
+    uint16_t port = 0;
+    if (listener.localAddress(&bound, &boundLen) == 0)
+        port = ntohs(bound.ss_family == AF_INET6
+                         ? reinterpret_cast<const sockaddr_in6 *>(&bound)->sin6_port
+                         : reinterpret_cast<const sockaddr_in *>(&bound)->sin_port);
+    if (port != opts.port) {
+        // Seen with tcp on libfabric 1.17: a wildcard address loses its port in fi_getinfo.
+        fprintf(stderr, "rstream-perf: engine: listening on port %u instead of %u\n", port,
+                opts.port);
+        return -EADDRNOTAVAIL;
     }
     printf("rstream-perf: engine server on %s:%u\n", opts.host.c_str(), opts.port);
     fflush(stdout);

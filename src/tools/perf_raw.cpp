@@ -47,13 +47,13 @@ constexpr uint32_t kMaxRecvs = 256;
 // Receives kept for control messages when writes consume receives too.
 constexpr uint32_t kCtrlReserve = 16;
 constexpr int kEqTimeoutMs = 10000;
-// A waiting side busy-polls the CQ and yields the CPU after each empty poll: pure spinning
-// ends on a machine with few CPUs starve the kernel's loopback processing (ksoftirqd) and
-// each other (tcp bandwidth drops tenfold, latency p99 goes to milliseconds), while a yield
-// costs well under a microsecond when nothing else wants the CPU. After kSpinNs of nothing
-// the side sleeps on the CQ's fd instead.
-constexpr int64_t kSpinNs = 2'000'000;
-constexpr int kSleepMs = 10;
+// A waiting side busy-polls the CQ, yielding the CPU after each empty poll, for kSpinNs (more
+// than a loopback round trip), then sleeps on the CQ's fd until something arrives. Pure
+// spinning ends on a machine with few, shared CPUs starve the kernel's loopback processing
+// (ksoftirqd) and each other: tcp bandwidth drops up to tenfold and latency p99 goes to
+// milliseconds. Sleeping after a while also lets the scheduler favour the woken side.
+constexpr int64_t kSpinNs = 50'000;
+constexpr int kSleepMs = 1; // a bound, should a wake-up be missed
 // Empty CQ polls between looks for a disconnect.
 constexpr uint32_t kEqPolls = 4096;
 
@@ -209,8 +209,8 @@ public:
 
     // Reads the CQ once and returns credits: completions handled (>= 0) or -errno.
     int progress();
-    // progress() for a caller that cannot go on until something completes: yields now and
-    // then, and after kSpinNs of nothing sleeps on the CQ's wait fd.
+    // progress() for a caller that cannot go on until something completes: yields the CPU
+    // after an empty poll, and after kSpinNs of nothing sleeps on the CQ's wait fd.
     int progressOrWait();
     // Waits while pred() is false, making progress, until deadlineNs: 0, -ETIMEDOUT or -errno.
     template <typename Pred>
@@ -285,6 +285,7 @@ private:
     uint64_t rxPos_ = 0;
     uint32_t rxBytesOwed_ = 0; // freed, not yet handed back
     uint32_t rxMsgsOwed_ = 0;
+    bool creditsDue_ = false;
     uint32_t batchBytes_ = 1;
     uint32_t batchMsgs_ = 1;
     uint32_t rxCredits_ = 0;
@@ -566,7 +567,11 @@ void RawConn::onCtrl(uint32_t imm, uint32_t slot, size_t len)
 
 int RawConn::returnCredits()
 {
-    while (rxBytesOwed_ >= batchBytes_ || rxMsgsOwed_ >= batchMsgs_) {
+    // Once a batch is due, everything owed goes back, in as many messages as it takes: a
+    // remainder kept back could be exactly what a blocked sender waits for.
+    if (rxBytesOwed_ >= batchBytes_ || rxMsgsOwed_ >= batchMsgs_)
+        creditsDue_ = true;
+    while (creditsDue_ && (rxBytesOwed_ || rxMsgsOwed_)) {
         uint32_t bytes = std::min(rxBytesOwed_, kCreditBytesMax);
         uint32_t msgs = rxCqData_ ? std::min(rxMsgsOwed_, kCreditMsgsMax) : 0;
         uint32_t imm = (kTypeCredit << kTypeShift) | (msgs << kCreditMsgsShift) | bytes;
@@ -580,6 +585,7 @@ int RawConn::returnCredits()
         rxBytesOwed_ -= bytes;
         rxMsgsOwed_ = rxCqData_ ? rxMsgsOwed_ - msgs : 0;
     }
+    creditsDue_ = false;
     return 0;
 }
 
@@ -818,13 +824,14 @@ int runClient(const Options &opts, Result *result)
         result->rttNs.reserve(1 << 20);
         for (int64_t round = 0; !ret; round++) {
             int64_t t0 = nowNs();
-            if (t0 >= deadline && round >= kWarmupRounds)
+            if (t0 >= deadline && !result->rttNs.empty())
                 break;
+            bool warm = warmingUp(round, t0 - start, opts.seconds);
             uint64_t want = conn.arrivals() + 1;
             ret = conn.write();
             if (!ret)
                 ret = conn.progressUntil([&] { return conn.arrivals() >= want; }, limit);
-            if (!ret && round >= kWarmupRounds)
+            if (!ret && !warm)
                 result->rttNs.push_back(nowNs() - t0);
         }
     }

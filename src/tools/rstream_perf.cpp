@@ -31,15 +31,17 @@ Its address defaults to 0.0.0.0. Each client run picks its transport by the port
 Tests:
   bw   the client sends BYTES-sized messages for S seconds, then the server acknowledges the
        total it received; MBps = acknowledged bytes / time to the acknowledgement, 1 MB = 1e6 B.
-  lat  ping-pong of BYTES-sized messages for S seconds (after 100 warm-up round trips);
-       p50_us/p99_us are one-way latencies: half the round-trip time, as sockperf reports.
+  lat  ping-pong of BYTES-sized messages for S seconds, after up to 100 warm-up round
+       trips (at most a tenth of S); p50_us/p99_us are one-way latencies: half the
+       round-trip time, as sockperf reports.
 
 Transports:
   raw     fi_writedata of BYTES into the peer's receive ring, the length in the immediate,
           space handed back with zero-length credit sends; the client's --ring (default
           1 MiB, at most 64 MiB, at least BYTES) sizes the rings of both sides. Provider tcp,
-          or RSTREAM_PROVIDER. Waiting sides busy-poll the CQ (yielding the CPU between
-          polls). The receiver does not copy the data out: this is the ceiling.
+          or RSTREAM_PROVIDER. A waiting side busy-polls the CQ (yielding the CPU between
+          polls) for 50 us, then sleeps on its fd. The receiver does not copy the data
+          out: this is the ceiling.
   engine  rstream::Connection send/recv: blocking calls, or with --busy-poll nonblocking
           ones in a loop, on both sides. Send and receive buffers of --ring bytes (default
           1 MiB; the server's --ring for its side). Other settings come from the RSTREAM_*

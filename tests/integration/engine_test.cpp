@@ -594,5 +594,30 @@ TEST(EngineSettings, OutOfRangeValuesAreRejected)
     EXPECT_EQ(s.rxSize, 384u);
 }
 
+TEST_P(EngineTest, WildcardListenerKeepsItsPort)
+{
+    // An ephemeral port from a first listener, then a wildcard listener on that port.
+    uint16_t port;
+    {
+        auto l = listen(settings());
+        port = port_;
+    }
+    Listener l(settings());
+    sockaddr_in a = loopback(port);
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    ASSERT_EQ(l.bind(reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
+    ASSERT_EQ(l.listen(16), 0);
+    sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    ASSERT_EQ(l.localAddress(&ss, &len), 0);
+    EXPECT_EQ(ntohs(reinterpret_cast<sockaddr_in *>(&ss)->sin_port), port);
+    std::unique_ptr<Connection> accepted;
+    std::thread t([&] { EXPECT_EQ(l.accept(&accepted, false, 5000), 0); });
+    port_ = port;
+    auto c = connect(settings());
+    t.join();
+    EXPECT_TRUE(accepted);
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, EngineTest, ::testing::ValuesIn(kModes),
                          [](const auto &p) { return std::string(p.param.name); });
