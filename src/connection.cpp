@@ -512,7 +512,7 @@ void Connection::processCqLocked()
                     failLocked(-ECONNRESET, "malformed immediate");
                     continue;
                 }
-                handleWordLocked(static_cast<uint32_t>(e.data), isSlot);
+                handleWordLocked(static_cast<uint32_t>(e.data));
             } else if ((e.flags & FI_RECV) && isSlot) {
                 uint32_t index = static_cast<uint32_t>(slot - rxSlots_);
                 uint32_t word = slotWords_[index];
@@ -523,7 +523,7 @@ void Connection::processCqLocked()
                     failLocked(-ECONNRESET, "unexpected message");
                     continue;
                 }
-                handleWordLocked(word, true);
+                handleWordLocked(word);
             } else {
                 auto *op = static_cast<TxOp *>(e.op_context);
                 if (op >= txOps_ && op < txOps_ + txCap_)
@@ -535,7 +535,7 @@ void Connection::processCqLocked()
     }
 }
 
-void Connection::handleWordLocked(uint32_t word, bool)
+void Connection::handleWordLocked(uint32_t word)
 {
     if (error_)
         return;

@@ -148,7 +148,7 @@ private:
     void progressLocked();
     void processEqLocked();
     void processCqLocked();
-    void handleWordLocked(uint32_t word, bool consumedSlot);
+    void handleWordLocked(uint32_t word);
     void onTxCompleteLocked(TxOp *op);
     void flushLocked(bool force);
     int sendWordLocked(uint32_t word);
@@ -214,8 +214,6 @@ private:
     LocalCredits local_;
     uint64_t peerRingAddr_ = 0;
     uint64_t peerKey_ = 0;
-    uint32_t pendingWords_[4] = {}; // control words waiting for a slot or queue space
-    unsigned pendingCount_ = 0;
 
     TxOp *txOps_ = nullptr; // txCap_ entries, used in order
     uint32_t txCap_ = 0;

@@ -209,7 +209,6 @@ int Domain::get(const fi_info *info, bool strict, std::shared_ptr<Domain> *out)
     c.cqDataSize = info->domain_attr->cq_data_size;
     c.keySize = info->domain_attr->mr_key_size ? info->domain_attr->mr_key_size : 8;
     c.injectSize = info->tx_attr->inject_size;
-    c.maxCmData = info->ep_attr->max_msg_size ? 256 : 0;
     c.maxTx = static_cast<uint32_t>(info->tx_attr->size);
     c.maxRx = static_cast<uint32_t>(info->rx_attr->size);
     c.iwarp = info->ep_attr->protocol == FI_PROTO_IWARP || c.cqDataSize < 4;

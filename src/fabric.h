@@ -26,7 +26,6 @@ struct ProviderCaps
     size_t cqDataSize = 0;   // bytes of immediate data; 0 means none (iWarp mode)
     size_t keySize = 8;      // bytes of a requested key
     size_t injectSize = 0;
-    size_t maxCmData = 0;
     uint32_t maxTx = 0;
     uint32_t maxRx = 0;
     bool iwarp = false; // the provider's protocol has no write with immediate
