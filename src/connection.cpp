@@ -429,8 +429,10 @@ void Connection::processEqLocked()
                            : err.err == FI_ETIMEDOUT  ? -ETIMEDOUT
                                                       : -ECONNREFUSED,
                            "connect failed");
-            else
+            else if (!closed_ && !peerClosed_)
                 failLocked(-ECONNRESET, "endpoint error");
+            else
+                peerGone_ = true;
             continue;
         }
         if (ret < 0) {
@@ -487,8 +489,12 @@ void Connection::processCqLocked()
             fi_cq_err_entry err{};
             if (fi_cq_readerr(cq_, &err, 0) < 0)
                 return;
-            if (err.err != FI_ECANCELED)
+            if (err.err != FI_ECANCELED && !closed_ && !peerClosed_) {
+                RS_LOG(Debug, "completion error %d (%s), provider error %d, flags %#llx", err.err,
+                       fi_strerror(err.err), err.prov_errno,
+                       static_cast<unsigned long long>(err.flags));
                 failLocked(-ECONNRESET, "completion error");
+            }
             // A failed send still returns its queue entry.
             auto *op = static_cast<TxOp *>(err.op_context);
             if (op >= txOps_ && op < txOps_ + txCap_)
@@ -557,6 +563,12 @@ void Connection::handleWordLocked(uint32_t word)
         }
         rx_.written += m->len;
         bytesReceived_.fetch_add(m->len, std::memory_order_relaxed);
+        if (closing_) {
+            // Data for a closed socket: the kernel answers with a reset, and so do we.
+            sendWordLocked(wire::encodeCtrl(wire::Ctrl::Reset));
+            failLocked(-ECONNRESET, "data arrived after close");
+            return;
+        }
         if (shutRd_) {
             // Discarded, as the kernel does after SHUT_RD, so the peer is not blocked.
             rx_.consumed = rx_.written;
@@ -578,6 +590,13 @@ void Connection::handleWordLocked(uint32_t word)
         case wire::Ctrl::Disconnect:
             peerShutWr_ = true;
             peerClosed_ = true;
+            // The peer is gone for good: nothing we could send would be read. Shutting the
+            // endpoint down is the acknowledgement the peer lingers for; the data already in
+            // the ring stays readable.
+            if (ep_ && !closed_) {
+                fi_shutdown(ep_, 0);
+                closed_ = true;
+            }
             break;
         case wire::Ctrl::Reset:
             rx_.consumed = rx_.written;
@@ -766,7 +785,13 @@ int Connection::backgroundProgress(bool *closedDone)
     flushLocked(true);
     if (closing_) {
         bool delivered = tx_.unsent() == 0 && disconnectSent_ && txHead_ == txNext_;
-        if (delivered || error_ || closed_ || nowNs() >= closeDeadlineNs_) {
+        if (delivered)
+            delivered_.store(true, std::memory_order_release);
+        // After DISCONNECT is delivered the endpoint lingers until the peer acknowledges it by
+        // shutting its own endpoint down, so credit returns still in flight find a reader
+        // instead of a reset that could cost the peer the DISCONNECT itself.
+        bool acked = peerGone_ || peerClosed_;
+        if ((delivered && acked) || error_ || closed_ || nowNs() >= closeDeadlineNs_) {
             if (!closed_ && ep_) {
                 fi_shutdown(ep_, 0);
                 closed_ = true;
@@ -1057,11 +1082,6 @@ void Connection::close(std::unique_ptr<Connection> conn)
         conn->closeDeadlineNs_ = nowNs() + 30 * int64_t(1000000000);
         conn->flushLocked(true);
         conn->processCqLocked();
-        if (conn->tx_.unsent() == 0 && conn->disconnectSent_ && conn->txHead_ == conn->txNext_) {
-            fi_shutdown(conn->ep_, 0);
-            conn->closed_ = true;
-            return;
-        }
         if (conn->watched_) {
             // The progress thread knows it already; adopt() below takes it over.
             conn->watched_ = false;

@@ -113,6 +113,8 @@ public:
         kProgressBusy = 2
     };
     int backgroundProgress(bool *closedDone);
+    // For the progress thread at exit: a closing connection has handed everything over.
+    bool closeDelivered() const { return delivered_.load(std::memory_order_acquire); }
 
 private:
     friend class Listener;
@@ -228,6 +230,7 @@ private:
     sockaddr_storage peerAddr_{};
     socklen_t peerLen_ = 0;
 
+    std::atomic<bool> delivered_{false}; // closing: DISCONNECT sent and all sends completed
     std::atomic<uint64_t> bytesSent_{0};
     std::atomic<uint64_t> bytesReceived_{0};
 };

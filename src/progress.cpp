@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -80,12 +81,23 @@ void ProgressThread::adopt(std::unique_ptr<Connection> conn)
 
 void ProgressThread::drain(int timeoutMs)
 {
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
-    while (std::chrono::steady_clock::now() < deadline) {
+    // Wait for closed connections to deliver their data, then briefly for their peers to
+    // acknowledge, so exiting does not reset a peer that is still reading.
+    using Clock = std::chrono::steady_clock;
+    auto deadline = Clock::now() + std::chrono::milliseconds(timeoutMs);
+    std::optional<Clock::time_point> ackDeadline;
+    for (;;) {
+        auto now = Clock::now();
+        if (now >= deadline || (ackDeadline && now >= *ackDeadline))
+            return;
         {
             std::lock_guard<std::mutex> lock(mutex_);
             if (adopted_.empty())
                 return;
+            if (!ackDeadline && std::all_of(adopted_.begin(), adopted_.end(), [](auto &c) {
+                    return c->closeDelivered();
+                }))
+                ackDeadline = now + std::chrono::milliseconds(250);
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
