@@ -94,9 +94,8 @@ void ProgressThread::drain(int timeoutMs)
             std::lock_guard<std::mutex> lock(mutex_);
             if (adopted_.empty())
                 return;
-            if (!ackDeadline && std::all_of(adopted_.begin(), adopted_.end(), [](auto &c) {
-                    return c->closeDelivered();
-                }))
+            if (!ackDeadline && std::all_of(adopted_.begin(), adopted_.end(),
+                                            [](auto &c) { return c->closeDelivered(); }))
                 ackDeadline = now + std::chrono::milliseconds(250);
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
