@@ -361,7 +361,8 @@ int Connection::connect(const sockaddr *addr, socklen_t len, bool nonblock)
             return error_;
         }
         state_ = State::Connecting;
-        connectDeadlineNs_ = nowNs() + int64_t(settings_.connectTimeoutMs) * 1000000;
+        connectStartNs_ = nowNs();
+        connectDeadlineNs_ = connectStartNs_ + int64_t(settings_.connectTimeoutMs) * 1000000;
     }
     if (nonblock)
         return -EINPROGRESS;
@@ -441,6 +442,9 @@ void Connection::processEqLocked()
         }
         changed_ = true;
         if (event == FI_CONNECTED) {
+            if (connectStartNs_ && !rttUs_)
+                rttUs_ =
+                    static_cast<uint32_t>(std::max<int64_t>(1, (nowNs() - connectStartNs_) / 1000));
             if (state_ == State::Connecting) {
                 wire::Hello peer;
                 size_t dataLen = size_t(ret) > sizeof(entry) ? ret - sizeof(entry) : 0;
@@ -879,6 +883,39 @@ int Connection::arm()
     return armLocked();
 }
 
+void Connection::addWaiter(int eventFd)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    sleepers_.push_back(eventFd);
+}
+
+void Connection::removeWaiter(int eventFd)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = std::find(sleepers_.begin(), sleepers_.end(), eventFd);
+    if (it != sleepers_.end())
+        sleepers_.erase(it);
+}
+
+Connection::Info Connection::info()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    progressLocked();
+    Info i;
+    i.connecting = state_ == State::Connecting || state_ == State::Accepting;
+    i.connected = state_ == State::Connected && !error_ && !peerGone_;
+    i.peerShutWr = peerShutWr_;
+    i.shutWr = shutWr_ || closing_;
+    i.error = error_;
+    i.rttUs = rttUs_;
+    i.bytesSent = bytesSent_.load(std::memory_order_relaxed);
+    i.bytesReceived = bytesReceived_.load(std::memory_order_relaxed);
+    i.sendBuf = static_cast<uint32_t>(tx_.size);
+    i.recvBuf = static_cast<uint32_t>(rx_.size);
+    i.unackedBytes = static_cast<uint32_t>(tx_.unsent() + tx_.inFlight());
+    return i;
+}
+
 int Connection::wait(int events, int timeoutMs)
 {
     return waitFor(events, deadlineFor(timeoutMs));
@@ -1158,6 +1195,7 @@ int Connection::startAccept(fi_info *connreq, const wire::Hello &peer)
     }
     uint8_t hello[wire::kHelloSize];
     wire::encodeHello(localHello(), hello);
+    connectStartNs_ = nowNs();
     ret = fi_accept(ep_, hello, sizeof(hello));
     if (ret)
         return fiErr(ret);

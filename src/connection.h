@@ -93,6 +93,29 @@ public:
     // timeout), or -EINTR. Errors and EOF count as ready for both.
     int wait(int events, int timeoutMs);
 
+    // External pollers (rpoll, the shim's poll/epoll): an eventfd registered here is written
+    // whenever progress made by any thread changes readiness, because reading the CQ resets
+    // the wait fd's signal. Register before the last readiness check, unregister after waking.
+    void addWaiter(int eventFd);
+    void removeWaiter(int eventFd);
+
+    // What TCP_INFO reports.
+    struct Info
+    {
+        bool connecting = false;
+        bool connected = false;
+        bool peerShutWr = false; // EOF seen or coming
+        bool shutWr = false;     // our side shut down for writing
+        int error = 0;           // sticky -errno, 0 if none
+        uint32_t rttUs = 0;      // round-trip estimate (connection handshake), 0 if unknown
+        uint64_t bytesSent = 0;
+        uint64_t bytesReceived = 0;
+        uint32_t sendBuf = 0;
+        uint32_t recvBuf = 0;
+        uint32_t unackedBytes = 0; // queued or in flight towards the peer
+    };
+    Info info();
+
     int localAddress(sockaddr_storage *addr, socklen_t *len) const;
     int peerAddress(sockaddr_storage *addr, socklen_t *len) const;
 
@@ -202,6 +225,8 @@ private:
     bool closing_ = false; // close(): disconnect once the data is delivered
     bool closed_ = false;  // disconnect sent, endpoint shut down
     int64_t connectDeadlineNs_ = 0;
+    int64_t connectStartNs_ = 0;
+    uint32_t rttUs_ = 0;
     int64_t closeDeadlineNs_ = 0;
     bool watched_ = false;      // registered with the progress thread
     bool peerClosed_ = false;   // the peer sent DISCONNECT: writes get EPIPE
