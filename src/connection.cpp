@@ -752,6 +752,7 @@ void Connection::failLocked(int err, const char *why)
 void Connection::wakeSleepersLocked()
 {
     if (changed_) {
+        events_.fetch_add(1, std::memory_order_relaxed);
         const uint64_t one = 1;
         for (int fd : sleepers_)
             if (::write(fd, &one, sizeof(one)) < 0) {
@@ -959,10 +960,27 @@ int Connection::waitFor(int events, int64_t deadlineNs)
         sleepers_.push_back(wakeFd);
         lock.unlock();
         pollfd pfd[2] = {{waitFd_, POLLIN, 0}, {wakeFd, POLLIN, 0}};
-        int n = ::poll(pfd, 2, timeout);
-        int saved = errno;
-        lock.lock();
-        std::erase(sleepers_, wakeFd);
+        int n, saved;
+        {
+            // Also runs when pthread_cancel unwinds out of poll(): a cancelled thread's eventfd
+            // must not stay registered (its number would be reused).
+            struct Unregister
+            {
+                std::unique_lock<std::mutex> &lock;
+                std::vector<int> &sleepers;
+                int fd;
+                ~Unregister()
+                {
+                    if (!lock.owns_lock())
+                        lock.lock();
+                    auto it = std::find(sleepers.begin(), sleepers.end(), fd);
+                    if (it != sleepers.end())
+                        sleepers.erase(it);
+                }
+            } unregister{lock, sleepers_, wakeFd};
+            n = ::poll(pfd, 2, timeout);
+            saved = errno;
+        }
         if (pfd[1].revents & POLLIN)
             tWakeFd.drain();
         if (n < 0 && saved == EINTR)
@@ -1083,7 +1101,9 @@ int Connection::shutdown(int how)
         return -EINVAL;
     std::lock_guard<std::mutex> lock(mutex_);
     progressLocked();
-    if (state_ != State::Connected)
+    // An accepted connection still finishing its handshake is connected for the application;
+    // what it asks for is done once the handshake completes.
+    if (state_ != State::Connected && state_ != State::Accepting)
         return -ENOTCONN;
     if (how == SHUT_RD || how == SHUT_RDWR) {
         shutRd_ = true;
@@ -1106,7 +1126,8 @@ void Connection::close(std::unique_ptr<Connection> conn)
     {
         std::lock_guard<std::mutex> lock(conn->mutex_);
         conn->progressLocked();
-        if (conn->state_ != State::Connected || conn->error_ || conn->closed_)
+        if ((conn->state_ != State::Connected && conn->state_ != State::Accepting) ||
+            conn->error_ || conn->closed_)
             return;
         if (conn->rx_.readable() > 0 && !conn->shutRd_) {
             // Unread data at close: the kernel resets the connection, and so do we.

@@ -98,6 +98,8 @@ public:
     // the wait fd's signal. Register before the last readiness check, unregister after waking.
     void addWaiter(int eventFd);
     void removeWaiter(int eventFd);
+    // Counts progress that changed what waiters wait for (for edge-triggered epoll).
+    uint64_t eventCount() const { return events_.load(std::memory_order_relaxed); }
 
     // What TCP_INFO reports.
     struct Info
@@ -255,6 +257,7 @@ private:
     sockaddr_storage peerAddr_{};
     socklen_t peerLen_ = 0;
 
+    std::atomic<uint64_t> events_{0};
     std::atomic<bool> delivered_{false}; // closing: DISCONNECT sent and all sends completed
     std::atomic<uint64_t> bytesSent_{0};
     std::atomic<uint64_t> bytesReceived_{0};

@@ -1,0 +1,484 @@
+// SPDX-License-Identifier: MIT
+// poll, select and epoll over engine sockets and kernel fds: spin, then sleep on wait fds.
+
+#include "poller.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <ctime>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "log.h"
+
+namespace rstream {
+
+namespace {
+
+int64_t nowNs()
+{
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// The calling thread's wake-up eventfd: connections write it when another thread's progress
+// changes readiness (reading a CQ resets the wait fd, so the wait fd alone can miss that).
+class ThreadWake
+{
+public:
+    ~ThreadWake()
+    {
+        if (fd_ >= 0)
+            ::close(fd_);
+    }
+    int fd()
+    {
+        if (fd_ < 0)
+            fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        return fd_;
+    }
+    void drain()
+    {
+        uint64_t v;
+        if (fd_ >= 0 && ::read(fd_, &v, sizeof(v)) < 0) {
+            // Nothing to drain.
+        }
+    }
+
+private:
+    int fd_ = -1;
+};
+thread_local ThreadWake tWake;
+
+// Waiter registrations, undone on every way out (return, exception, pthread_cancel unwind).
+class Waiters
+{
+public:
+    explicit Waiters(int fd) : fd_(fd) {}
+    ~Waiters() { clear(); }
+    void add(Socket &s)
+    {
+        if (auto c = s.addWaiter(fd_))
+            conns_.push_back(std::move(c));
+    }
+    void clear()
+    {
+        for (auto &c : conns_)
+            c->removeWaiter(fd_);
+        conns_.clear();
+    }
+
+private:
+    int fd_;
+    std::vector<std::shared_ptr<Connection>> conns_;
+};
+
+int ppollMs(const KernelPoll &kp, pollfd *fds, nfds_t n, int timeoutMs, const sigset_t *mask)
+{
+    timespec ts{};
+    timespec *tp = nullptr;
+    if (timeoutMs >= 0) {
+        ts.tv_sec = timeoutMs / 1000;
+        ts.tv_nsec = (timeoutMs % 1000) * 1000000L;
+        tp = &ts;
+    }
+    return kp.ppoll(fds, n, tp, mask);
+}
+
+int remainingMs(int64_t deadlineNs)
+{
+    if (deadlineNs < 0)
+        return -1;
+    int64_t left = deadlineNs - nowNs();
+    if (left <= 0)
+        return 0;
+    return static_cast<int>(std::min<int64_t>((left + 999999) / 1000000, 1 << 30));
+}
+
+int sysPpoll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigset_t *mask)
+{
+    return ::ppoll(fds, nfds, timeout, mask);
+}
+
+uint32_t toPoll(uint32_t e)
+{
+    uint32_t p = 0;
+    if (e & EPOLLIN)
+        p |= POLLIN;
+    if (e & EPOLLOUT)
+        p |= POLLOUT;
+    if (e & EPOLLRDHUP)
+        p |= POLLRDHUP;
+    if (e & EPOLLPRI)
+        p |= POLLPRI;
+    return p;
+}
+
+uint32_t toEpoll(int p)
+{
+    uint32_t e = 0;
+    if (p & POLLIN)
+        e |= EPOLLIN;
+    if (p & POLLOUT)
+        e |= EPOLLOUT;
+    if (p & POLLRDHUP)
+        e |= EPOLLRDHUP;
+    if (p & POLLPRI)
+        e |= EPOLLPRI;
+    if (p & POLLERR)
+        e |= EPOLLERR;
+    if (p & POLLHUP)
+        e |= EPOLLHUP;
+    return e;
+}
+
+} // namespace
+
+const KernelPoll &defaultKernelPoll()
+{
+    static const KernelPoll kp{sysPpoll, ::epoll_wait, ::epoll_ctl};
+    return kp;
+}
+
+int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, SocketResolver resolve,
+            const KernelPoll &kp, int spinUs)
+{
+    if (nfds > 0 && !fds)
+        return -EFAULT;
+    std::vector<std::shared_ptr<Socket>> socks(nfds);
+    std::vector<pollfd> kfds;
+    std::vector<nfds_t> kidx;
+    bool any = false;
+    for (nfds_t i = 0; i < nfds; i++) {
+        fds[i].revents = 0;
+        if (fds[i].fd >= 0)
+            socks[i] = resolve(fds[i].fd);
+        if (socks[i]) {
+            any = true;
+        } else if (fds[i].fd >= 0) {
+            kfds.push_back(fds[i]);
+            kidx.push_back(i);
+        }
+    }
+    if (!any) {
+        int r = ppollMs(kp, fds, nfds, timeoutMs, mask);
+        return r < 0 ? -errno : r;
+    }
+    const int64_t start = nowNs();
+    const int64_t deadline = timeoutMs < 0 ? -1 : start + int64_t(timeoutMs) * 1000000;
+    const int64_t spinEnd = start + int64_t(spinUs) * 1000;
+
+    auto check = [&]() -> int {
+        int count = 0;
+        for (nfds_t i = 0; i < nfds; i++) {
+            if (socks[i]) {
+                fds[i].revents = static_cast<short>(socks[i]->pollEvents(fds[i].events));
+                if (fds[i].revents)
+                    count++;
+            }
+        }
+        if (!kfds.empty()) {
+            const timespec zero{0, 0};
+            int r = kp.ppoll(kfds.data(), kfds.size(), &zero, nullptr);
+            if (r < 0)
+                return -errno;
+            for (size_t k = 0; k < kfds.size(); k++) {
+                fds[kidx[k]].revents = kfds[k].revents;
+                if (kfds[k].revents)
+                    count++;
+            }
+        }
+        return count;
+    };
+
+    const int wakeFd = tWake.fd();
+    if (wakeFd < 0)
+        return -ENOMEM;
+    std::vector<pollfd> sleepFds;
+    for (;;) {
+        int count = check();
+        if (count != 0 || timeoutMs == 0)
+            return count;
+        int64_t now = nowNs();
+        if (deadline >= 0 && now >= deadline)
+            return 0;
+        if (now < spinEnd) {
+            sched_yield();
+            continue;
+        }
+        // Register first, then look again, then arm: progress made by another thread after
+        // the look writes the eventfd, progress still pending makes arming fail.
+        Waiters waiters(wakeFd);
+        for (auto &s : socks)
+            if (s)
+                waiters.add(*s);
+        count = check();
+        if (count != 0)
+            return count;
+        sleepFds.assign(kfds.begin(), kfds.end());
+        sleepFds.push_back({wakeFd, POLLIN, 0});
+        bool pending = false;
+        for (auto &s : socks) {
+            if (!s)
+                continue;
+            int w[2];
+            int n = s->prepareWait(w, 2);
+            if (n == -EAGAIN) {
+                pending = true;
+                break;
+            }
+            for (int j = 0; j < n; j++)
+                sleepFds.push_back({w[j], POLLIN, 0});
+        }
+        if (pending)
+            continue;
+        int r = ppollMs(kp, sleepFds.data(), sleepFds.size(), remainingMs(deadline), mask);
+        int saved = errno;
+        waiters.clear();
+        tWake.drain();
+        if (r < 0 && saved == EINTR)
+            return -EINTR;
+        if (r < 0)
+            return -saved;
+    }
+}
+
+int selectFds(int nfds, fd_set *readfds, fd_set *writefds, fd_set *exceptfds, timeval *timeout,
+              const sigset_t *mask, SocketResolver resolve, const KernelPoll &kp, int spinUs)
+{
+    if (nfds < 0 || nfds > FD_SETSIZE)
+        return -EINVAL;
+    int timeoutMs = -1;
+    if (timeout) {
+        if (timeout->tv_sec < 0 || timeout->tv_usec < 0)
+            return -EINVAL;
+        long long ms =
+            static_cast<long long>(timeout->tv_sec) * 1000 + (timeout->tv_usec + 999) / 1000;
+        timeoutMs = static_cast<int>(std::min<long long>(ms, 1 << 30));
+    }
+    std::vector<pollfd> pfds;
+    for (int fd = 0; fd < nfds; fd++) {
+        short ev = 0;
+        if (readfds && FD_ISSET(fd, readfds))
+            ev |= POLLIN;
+        if (writefds && FD_ISSET(fd, writefds))
+            ev |= POLLOUT;
+        if (exceptfds && FD_ISSET(fd, exceptfds))
+            ev |= POLLPRI;
+        if (ev)
+            pfds.push_back({fd, ev, 0});
+    }
+    const int64_t start = nowNs();
+    int r = pollFds(pfds.data(), pfds.size(), timeoutMs, mask, resolve, kp, spinUs);
+    if (timeout) {
+        int64_t left = int64_t(timeoutMs) * 1000000 - (nowNs() - start);
+        if (left < 0 || r > 0)
+            left = std::max<int64_t>(left, 0);
+        timeout->tv_sec = left / 1000000000;
+        timeout->tv_usec = (left % 1000000000) / 1000;
+    }
+    if (r < 0)
+        return r;
+    for (auto &p : pfds)
+        if (p.revents & POLLNVAL)
+            return -EBADF;
+    if (readfds)
+        FD_ZERO(readfds);
+    if (writefds)
+        FD_ZERO(writefds);
+    if (exceptfds)
+        FD_ZERO(exceptfds);
+    int count = 0;
+    for (auto &p : pfds) {
+        // As the kernel's select: readable includes hang-up and error, writable includes error.
+        if ((p.events & POLLIN) && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
+            FD_SET(p.fd, readfds);
+            count++;
+        }
+        if ((p.events & POLLOUT) && (p.revents & (POLLOUT | POLLERR))) {
+            FD_SET(p.fd, writefds);
+            count++;
+        }
+        if ((p.events & POLLPRI) && (p.revents & POLLPRI)) {
+            FD_SET(p.fd, exceptfds);
+            count++;
+        }
+    }
+    return count;
+}
+
+int EpollSet::ctl(int op, int fd, const epoll_event *event, const std::shared_ptr<Socket> &sock)
+{
+    if (fd == epfd_)
+        return -EINVAL;
+    if (!sock) {
+        epoll_event copy{};
+        if (event)
+            copy = *event;
+        int r = kp_.epollCtl(epfd_, op, fd, event ? &copy : nullptr);
+        return r < 0 ? -errno : 0;
+    }
+    if (op != EPOLL_CTL_DEL && !event)
+        return -EFAULT;
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Entries of sockets closed since are dropped, as the kernel drops closed files.
+    std::erase_if(entries_, [](const Entry &e) { return e.sock.expired(); });
+    auto it = std::find_if(entries_.begin(), entries_.end(),
+                           [&](const Entry &e) { return e.fd == fd && e.sock.lock() == sock; });
+    switch (op) {
+    case EPOLL_CTL_ADD: {
+        if (it != entries_.end())
+            return -EEXIST;
+        Entry e{fd, sock, event->events, event->data, ~uint64_t(0), 0, false};
+        entries_.push_back(e);
+        return 0;
+    }
+    case EPOLL_CTL_MOD:
+        if (it == entries_.end())
+            return -ENOENT;
+        it->events = event->events;
+        it->data = event->data;
+        it->lastGen = ~uint64_t(0);
+        it->lastRev = 0;
+        it->disabled = false;
+        return 0;
+    case EPOLL_CTL_DEL:
+        if (it == entries_.end())
+            return -ENOENT;
+        entries_.erase(it);
+        return 0;
+    default:
+        return -EINVAL;
+    }
+}
+
+int EpollSet::collect(epoll_event *events, int maxevents)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    int n = 0;
+    const size_t count = entries_.size();
+    if (next_ >= count)
+        next_ = 0;
+    for (size_t k = 0; k < count && n < maxevents; k++) {
+        size_t i = (next_ + k) % count;
+        Entry &e = entries_[i];
+        if (e.disabled)
+            continue;
+        auto s = e.sock.lock();
+        if (!s)
+            continue;
+        int rev = s->pollEvents(static_cast<int>(toPoll(e.events)));
+        if (!rev)
+            continue;
+        if (e.events & EPOLLET) {
+            // Edge-triggered: report again only after new progress or a new condition.
+            uint64_t gen = s->generation();
+            bool fresh = gen != e.lastGen || (rev & ~e.lastRev);
+            e.lastGen = gen;
+            e.lastRev = rev;
+            if (!fresh)
+                continue;
+        }
+        events[n].events = toEpoll(rev);
+        events[n].data = e.data;
+        n++;
+        if (e.events & EPOLLONESHOT)
+            e.disabled = true;
+        next_ = i + 1;
+    }
+    return n;
+}
+
+bool EpollSet::anyReady()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto &e : entries_) {
+        if (e.disabled)
+            continue;
+        auto s = e.sock.lock();
+        if (s && s->pollEvents(static_cast<int>(toPoll(e.events))))
+            return true;
+    }
+    return false;
+}
+
+int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigset_t *mask,
+                   int spinUs)
+{
+    if (maxevents <= 0)
+        return -EINVAL;
+    if (!events)
+        return -EFAULT;
+    const int64_t start = nowNs();
+    const int64_t deadline = timeoutMs < 0 ? -1 : start + int64_t(timeoutMs) * 1000000;
+    const int64_t spinEnd = start + int64_t(spinUs) * 1000;
+    auto check = [&]() -> int {
+        int n = collect(events, maxevents);
+        if (n < maxevents) {
+            int k = kp_.epollWait(epfd_, events + n, maxevents - n, 0);
+            if (k < 0)
+                return n ? n : -errno;
+            n += k;
+        }
+        return n;
+    };
+    const int wakeFd = tWake.fd();
+    if (wakeFd < 0)
+        return -ENOMEM;
+    std::vector<std::shared_ptr<Socket>> socks;
+    std::vector<pollfd> sleepFds;
+    for (;;) {
+        int n = check();
+        if (n != 0 || timeoutMs == 0)
+            return n;
+        int64_t now = nowNs();
+        if (deadline >= 0 && now >= deadline)
+            return 0;
+        if (now < spinEnd) {
+            sched_yield();
+            continue;
+        }
+        socks.clear();
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            for (auto &e : entries_)
+                if (!e.disabled)
+                    if (auto s = e.sock.lock())
+                        socks.push_back(std::move(s));
+        }
+        Waiters waiters(wakeFd);
+        for (auto &s : socks)
+            waiters.add(*s);
+        n = check();
+        if (n != 0)
+            return n;
+        sleepFds.clear();
+        sleepFds.push_back({epfd_, POLLIN, 0});
+        sleepFds.push_back({wakeFd, POLLIN, 0});
+        bool pending = false;
+        for (auto &s : socks) {
+            int w[2];
+            int k = s->prepareWait(w, 2);
+            if (k == -EAGAIN) {
+                pending = true;
+                break;
+            }
+            for (int j = 0; j < k; j++)
+                sleepFds.push_back({w[j], POLLIN, 0});
+        }
+        if (pending)
+            continue;
+        int r = ppollMs(kp_, sleepFds.data(), sleepFds.size(), remainingMs(deadline), mask);
+        int saved = errno;
+        waiters.clear();
+        tWake.drain();
+        if (r < 0 && saved == EINTR)
+            return -EINTR;
+        if (r < 0)
+            return -saved;
+    }
+}
+
+} // namespace rstream

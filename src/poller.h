@@ -1,0 +1,73 @@
+// SPDX-License-Identifier: MIT
+// poll, select and epoll over a mix of engine sockets and kernel fds.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <poll.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
+#include <vector>
+
+#include "socket.h"
+
+namespace rstream {
+
+// How the poller reaches the kernel: the shim passes the real functions so that its own
+// interposers are not re-entered.
+struct KernelPoll
+{
+    int (*ppoll)(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigset_t *mask);
+    int (*epollWait)(int epfd, epoll_event *events, int maxevents, int timeout);
+    int (*epollCtl)(int epfd, int op, int fd, epoll_event *event);
+};
+const KernelPoll &defaultKernelPoll();
+
+// Maps an fd to its engine socket, or null for an fd the kernel answers for.
+using SocketResolver = std::shared_ptr<Socket> (*)(int fd);
+
+// poll(2)/ppoll(2): revents filled in, returns the number of ready entries or -errno. Sleeps in
+// ppoll on the sockets' wait fds, a per-thread wake-up eventfd and the kernel fds, after a spin
+// of spinUs microseconds. timeoutMs < 0 waits forever.
+int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, SocketResolver resolve,
+            const KernelPoll &kp, int spinUs);
+
+// select(2)/pselect(2) built on pollFds; timeout is updated with the time left, as Linux does.
+int selectFds(int nfds, fd_set *readfds, fd_set *writefds, fd_set *exceptfds, timeval *timeout,
+              const sigset_t *mask, SocketResolver resolve, const KernelPoll &kp, int spinUs);
+
+// An epoll instance over engine sockets (emulated: level-triggered, EPOLLET, EPOLLONESHOT)
+// and kernel fds (kept in the real epoll fd, which the kernel answers for).
+class EpollSet
+{
+public:
+    explicit EpollSet(int epfd, const KernelPoll &kp) : epfd_(epfd), kp_(kp) {}
+    int fd() const { return epfd_; }
+    // sock null: fd is a kernel fd and goes to the kernel's epoll.
+    int ctl(int op, int fd, const epoll_event *event, const std::shared_ptr<Socket> &sock);
+    int wait(epoll_event *events, int maxevents, int timeoutMs, const sigset_t *mask, int spinUs);
+    // Whether an engine socket in the set is ready now (to make the epoll fd look readable).
+    bool anyReady();
+
+private:
+    struct Entry
+    {
+        int fd;
+        std::weak_ptr<Socket> sock;
+        uint32_t events;
+        epoll_data_t data;
+        uint64_t lastGen;
+        int lastRev;
+        bool disabled; // EPOLLONESHOT fired; waits for EPOLL_CTL_MOD
+    };
+    int collect(epoll_event *events, int maxevents);
+
+    const int epfd_;
+    const KernelPoll &kp_;
+    std::mutex mutex_;
+    std::vector<Entry> entries_;
+    size_t next_ = 0; // where the next scan starts, for fairness
+};
+
+} // namespace rstream

@@ -1,0 +1,461 @@
+// SPDX-License-Identifier: MIT
+// librstream.so: the rsocket-style C API. Every entry point converts the engine's -errno once.
+// The exported set and its symbol versions are defined by librstream.map.
+
+#include <rstream/rsocket.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdarg>
+#include <cxxabi.h>
+#include <fcntl.h>
+#include <new>
+#include <pthread.h>
+#include <unistd.h>
+
+#include "fdtable.h"
+#include "log.h"
+#include "poller.h"
+#include "socket.h"
+
+using namespace rstream;
+
+static_assert(SOL_RDMA == kSolRdma && RDMA_SQSIZE == kRdmaSqSize && RDMA_RQSIZE == kRdmaRqSize &&
+              RDMA_INLINE == kRdmaInline && RDMA_IOMAPSIZE == kRdmaIoMapSize &&
+              RDMA_ROUTE == kRdmaRoute && RSTREAM_SEND_BUF == kSendBuf &&
+              RSTREAM_RECV_BUF == kRecvBuf && RSTREAM_TX_SIZE == kTxSize &&
+              RSTREAM_RX_SIZE == kRxSize);
+
+namespace {
+
+FdTable<Socket> &sockets()
+{
+    static auto *table = new FdTable<Socket>(); // never destroyed: used from atexit handlers
+    return *table;
+}
+
+FdTable<EpollSet> &epolls()
+{
+    static auto *table = new FdTable<EpollSet>();
+    return *table;
+}
+
+std::shared_ptr<Socket> resolve(int fd)
+{
+    return sockets().get(fd);
+}
+
+int spinUs()
+{
+    static const int us = Settings::fromEnv().pollUs;
+    return us;
+}
+
+// The C boundary: -errno becomes -1 with errno set; nothing but a thread cancellation's forced
+// unwind leaves as an exception.
+template <class F>
+auto boundary(F &&f) -> decltype(f())
+{
+    try {
+        auto r = f();
+        if (r < 0) {
+            errno = static_cast<int>(-r);
+            return -1;
+        }
+        return r;
+    } catch (abi::__forced_unwind &) {
+        throw;
+    } catch (const std::bad_alloc &) {
+        errno = ENOMEM;
+        return -1;
+    } catch (...) {
+        static std::atomic<bool> logged{false};
+        if (!logged.exchange(true))
+            RS_LOG(Error, "internal error in the rsocket API");
+        errno = EIO;
+        return -1;
+    }
+}
+
+// A real kernel socket stands for each rsocket, so rsocket numbers never collide with other
+// fds, fit fd_set like any fd, and close-on-exec and fstat behave.
+int placeholder(int domain, int type)
+{
+    int fd = ::socket(domain, SOCK_STREAM | (type & (SOCK_CLOEXEC | SOCK_NONBLOCK)), 0);
+    return fd < 0 ? -errno : fd;
+}
+
+int install(int fd, std::shared_ptr<Socket> s)
+{
+    if (!sockets().set(fd, std::move(s))) {
+        ::close(fd);
+        return -EMFILE;
+    }
+    return fd;
+}
+
+ssize_t doSend(int fd, const iovec *iov, int iovcnt, int flags)
+{
+    auto s = resolve(fd);
+    if (!s)
+        return -EBADF;
+    if (iovcnt < 0 || iovcnt > IOV_MAX)
+        return -EINVAL;
+    ssize_t r = s->send(iov, iovcnt, flags);
+    if (r == -EPIPE && !(flags & MSG_NOSIGNAL))
+        pthread_kill(pthread_self(), SIGPIPE); // to the calling thread, as the kernel does
+    return r;
+}
+
+ssize_t doRecv(int fd, const iovec *iov, int iovcnt, int flags)
+{
+    auto s = resolve(fd);
+    if (!s)
+        return -EBADF;
+    if (iovcnt < 0 || iovcnt > IOV_MAX)
+        return -EINVAL;
+    return s->recv(iov, iovcnt, flags);
+}
+
+} // namespace
+
+extern "C" {
+
+__attribute__((visibility("default"))) int rsocket(int domain, int type, int protocol)
+{
+    return boundary([&]() -> int {
+        std::shared_ptr<Socket> s;
+        int ret = Socket::create(domain, type, protocol, &s);
+        if (ret < 0)
+            return ret;
+        int fd = placeholder(domain, type);
+        if (fd < 0)
+            return fd;
+        return install(fd, std::move(s));
+    });
+}
+
+__attribute__((visibility("default"))) int rbind(int socket, const struct sockaddr *addr,
+                                                 socklen_t addrlen)
+{
+    return boundary([&]() -> int {
+        auto s = resolve(socket);
+        return s ? s->bind(addr, addrlen) : -EBADF;
+    });
+}
+
+__attribute__((visibility("default"))) int rlisten(int socket, int backlog)
+{
+    return boundary([&]() -> int {
+        auto s = resolve(socket);
+        return s ? s->listen(backlog) : -EBADF;
+    });
+}
+
+__attribute__((visibility("default"))) int raccept(int socket, struct sockaddr *addr,
+                                                   socklen_t *addrlen)
+{
+    pthread_testcancel();
+    return boundary([&]() -> int {
+        auto s = resolve(socket);
+        if (!s)
+            return -EBADF;
+        std::shared_ptr<Socket> ns;
+        int ret = s->accept(&ns, addr, addrlen);
+        if (ret < 0)
+            return ret;
+        int fd = placeholder(s->family(), SOCK_CLOEXEC);
+        if (fd < 0)
+            return fd;
+        return install(fd, std::move(ns));
+    });
+}
+
+__attribute__((visibility("default"))) int rconnect(int socket, const struct sockaddr *addr,
+                                                    socklen_t addrlen)
+{
+    pthread_testcancel();
+    return boundary([&]() -> int {
+        auto s = resolve(socket);
+        return s ? s->connect(addr, addrlen) : -EBADF;
+    });
+}
+
+__attribute__((visibility("default"))) int rshutdown(int socket, int how)
+{
+    return boundary([&]() -> int {
+        auto s = resolve(socket);
+        return s ? s->shutdown(how) : -EBADF;
+    });
+}
+
+__attribute__((visibility("default"))) int rclose(int socket)
+{
+    return boundary([&]() -> int {
+        if (auto s = sockets().take(socket)) {
+            // The table lets go first, so the number cannot be found again once reused.
+            ::close(socket);
+            s.reset(); // the connection closes when its last user is done, as in the kernel
+            return 0;
+        }
+        if (auto e = epolls().take(socket)) {
+            ::close(socket);
+            return 0;
+        }
+        return ::close(socket) < 0 ? -errno : 0;
+    });
+}
+
+__attribute__((visibility("default"))) ssize_t rrecv(int socket, void *buf, size_t len, int flags)
+{
+    pthread_testcancel();
+    return boundary([&]() -> ssize_t {
+        iovec iov{buf, len};
+        return doRecv(socket, &iov, 1, flags);
+    });
+}
+
+__attribute__((visibility("default"))) ssize_t rrecvfrom(int socket, void *buf, size_t len,
+                                                         int flags, struct sockaddr *src_addr,
+                                                         socklen_t *addrlen)
+{
+    pthread_testcancel();
+    return boundary([&]() -> ssize_t {
+        iovec iov{buf, len};
+        ssize_t r = doRecv(socket, &iov, 1, flags);
+        if (r >= 0 && src_addr && addrlen)
+            *addrlen = 0; // a stream socket reports no source address
+        return r;
+    });
+}
+
+__attribute__((visibility("default"))) ssize_t rrecvmsg(int socket, struct msghdr *msg, int flags)
+{
+    pthread_testcancel();
+    return boundary([&]() -> ssize_t {
+        if (!msg)
+            return -EFAULT;
+        ssize_t r = doRecv(socket, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
+        if (r >= 0) {
+            msg->msg_namelen = 0;
+            msg->msg_controllen = 0;
+            msg->msg_flags = 0;
+        }
+        return r;
+    });
+}
+
+__attribute__((visibility("default"))) ssize_t rsend(int socket, const void *buf, size_t len,
+                                                     int flags)
+{
+    pthread_testcancel();
+    return boundary([&]() -> ssize_t {
+        iovec iov{const_cast<void *>(buf), len};
+        return doSend(socket, &iov, 1, flags);
+    });
+}
+
+__attribute__((visibility("default"))) ssize_t
+rsendto(int socket, const void *buf, size_t len, int flags, const struct sockaddr *, socklen_t)
+{
+    pthread_testcancel();
+    return boundary([&]() -> ssize_t {
+        // As TCP: the destination of a connected stream socket is ignored.
+        iovec iov{const_cast<void *>(buf), len};
+        return doSend(socket, &iov, 1, flags);
+    });
+}
+
+__attribute__((visibility("default"))) ssize_t rsendmsg(int socket, const struct msghdr *msg,
+                                                        int flags)
+{
+    pthread_testcancel();
+    return boundary([&]() -> ssize_t {
+        if (!msg)
+            return -EFAULT;
+        return doSend(socket, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
+    });
+}
+
+__attribute__((visibility("default"))) ssize_t rread(int socket, void *buf, size_t count)
+{
+    pthread_testcancel();
+    return boundary([&]() -> ssize_t {
+        iovec iov{buf, count};
+        return doRecv(socket, &iov, 1, 0);
+    });
+}
+
+__attribute__((visibility("default"))) ssize_t rreadv(int socket, const struct iovec *iov,
+                                                      int iovcnt)
+{
+    pthread_testcancel();
+    return boundary([&]() -> ssize_t { return doRecv(socket, iov, iovcnt, 0); });
+}
+
+__attribute__((visibility("default"))) ssize_t rwrite(int socket, const void *buf, size_t count)
+{
+    pthread_testcancel();
+    return boundary([&]() -> ssize_t {
+        iovec iov{const_cast<void *>(buf), count};
+        return doSend(socket, &iov, 1, 0);
+    });
+}
+
+__attribute__((visibility("default"))) ssize_t rwritev(int socket, const struct iovec *iov,
+                                                       int iovcnt)
+{
+    pthread_testcancel();
+    return boundary([&]() -> ssize_t { return doSend(socket, iov, iovcnt, 0); });
+}
+
+__attribute__((visibility("default"))) int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
+{
+    pthread_testcancel();
+    return boundary([&]() -> int {
+        return pollFds(fds, nfds, timeout, nullptr, resolve, defaultKernelPoll(), spinUs());
+    });
+}
+
+__attribute__((visibility("default"))) int rselect(int nfds, fd_set *readfds, fd_set *writefds,
+                                                   fd_set *exceptfds, struct timeval *timeout)
+{
+    pthread_testcancel();
+    return boundary([&]() -> int {
+        return selectFds(nfds, readfds, writefds, exceptfds, timeout, nullptr, resolve,
+                         defaultKernelPoll(), spinUs());
+    });
+}
+
+__attribute__((visibility("default"))) int rgetpeername(int socket, struct sockaddr *addr,
+                                                        socklen_t *addrlen)
+{
+    return boundary([&]() -> int {
+        auto s = resolve(socket);
+        return s ? s->peerAddress(addr, addrlen) : -EBADF;
+    });
+}
+
+__attribute__((visibility("default"))) int rgetsockname(int socket, struct sockaddr *addr,
+                                                        socklen_t *addrlen)
+{
+    return boundary([&]() -> int {
+        auto s = resolve(socket);
+        return s ? s->localAddress(addr, addrlen) : -EBADF;
+    });
+}
+
+__attribute__((visibility("default"))) int rsetsockopt(int socket, int level, int optname,
+                                                       const void *optval, socklen_t optlen)
+{
+    return boundary([&]() -> int {
+        auto s = resolve(socket);
+        return s ? s->setsockopt(level, optname, optval, optlen) : -EBADF;
+    });
+}
+
+__attribute__((visibility("default"))) int rgetsockopt(int socket, int level, int optname,
+                                                       void *optval, socklen_t *optlen)
+{
+    return boundary([&]() -> int {
+        auto s = resolve(socket);
+        return s ? s->getsockopt(level, optname, optval, optlen) : -EBADF;
+    });
+}
+
+__attribute__((visibility("default"))) int rfcntl(int socket, int cmd, ...)
+{
+    va_list ap;
+    va_start(ap, cmd);
+    long arg = va_arg(ap, long);
+    va_end(ap);
+    return boundary([&]() -> int {
+        auto s = resolve(socket);
+        if (!s)
+            return -EBADF;
+        switch (cmd) {
+        case F_GETFL: {
+            int fl = ::fcntl(socket, F_GETFL);
+            if (fl < 0)
+                return -errno;
+            return s->nonblocking() ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK);
+        }
+        case F_SETFL:
+            s->setNonblocking(arg & O_NONBLOCK);
+            return ::fcntl(socket, F_SETFL, static_cast<int>(arg)) < 0 ? -errno : 0;
+        case F_GETFD:
+        case F_SETFD:
+        case F_GETOWN:
+        case F_SETOWN: {
+            int r = ::fcntl(socket, cmd, static_cast<int>(arg));
+            return r < 0 ? -errno : r;
+        }
+        default:
+            // Duplicating an rsocket is not supported: a copy would not be an rsocket.
+            return -EINVAL;
+        }
+    });
+}
+
+__attribute__((visibility("default"))) off_t riomap(int socket, void *, size_t, int, int, off_t)
+{
+    return boundary([&]() -> off_t { return resolve(socket) ? -ENOSYS : -EBADF; });
+}
+
+__attribute__((visibility("default"))) int riounmap(int socket, void *, size_t)
+{
+    return boundary([&]() -> int { return resolve(socket) ? -ENOSYS : -EBADF; });
+}
+
+__attribute__((visibility("default"))) size_t riowrite(int socket, const void *, size_t, off_t, int)
+{
+    ssize_t r = boundary([&]() -> ssize_t { return resolve(socket) ? -ENOSYS : -EBADF; });
+    return static_cast<size_t>(r);
+}
+
+__attribute__((visibility("default"))) int repoll_create(int size)
+{
+    return boundary([&]() -> int {
+        if (size <= 0)
+            return -EINVAL;
+        int fd = ::epoll_create1(EPOLL_CLOEXEC);
+        if (fd < 0)
+            return -errno;
+        if (!epolls().set(fd, std::make_shared<EpollSet>(fd, defaultKernelPoll()))) {
+            ::close(fd);
+            return -EMFILE;
+        }
+        return fd;
+    });
+}
+
+__attribute__((visibility("default"))) int repoll_ctl(int epfd, int op, int fd,
+                                                      struct epoll_event *event)
+{
+    return boundary([&]() -> int {
+        auto set = epolls().get(epfd);
+        auto s = resolve(fd);
+        if (!set) {
+            if (s)
+                return -EINVAL; // a kernel epoll instance cannot watch an rsocket
+            return ::epoll_ctl(epfd, op, fd, event) < 0 ? -errno : 0;
+        }
+        return set->ctl(op, fd, event, s);
+    });
+}
+
+__attribute__((visibility("default"))) int repoll_wait(int epfd, struct epoll_event *events,
+                                                       int maxevents, int timeout)
+{
+    pthread_testcancel();
+    return boundary([&]() -> int {
+        auto set = epolls().get(epfd);
+        if (!set) {
+            int r = ::epoll_wait(epfd, events, maxevents, timeout);
+            return r < 0 ? -errno : r;
+        }
+        return set->wait(events, maxevents, timeout, nullptr, spinUs());
+    });
+}
+
+} // extern "C"

@@ -1,0 +1,163 @@
+// SPDX-License-Identifier: MIT
+// A stream socket with Linux TCP semantics on top of the engine's Connection and Listener.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <vector>
+
+#include "connection.h"
+#include "listener.h"
+#include "settings.h"
+
+namespace rstream {
+
+// SOL_RDMA options (values as in include/rstream/rsocket.h and librdmacm).
+constexpr int kSolRdma = 0x10000;
+constexpr int kRdmaSqSize = 0;
+constexpr int kRdmaRqSize = 1;
+constexpr int kRdmaInline = 2;
+constexpr int kRdmaIoMapSize = 3;
+constexpr int kRdmaRoute = 4;
+constexpr int kSendBuf = 0x100;
+constexpr int kRecvBuf = 0x101;
+constexpr int kTxSize = 0x102;
+constexpr int kRxSize = 0x103;
+
+// Closes a connection when its last user lets go: gracefully, or with a reset if asked.
+struct ConnectionCloser
+{
+    bool abort = false;
+    void operator()(Connection *c) const;
+};
+
+// What TCP_INFO reports, filled into the kernel's struct tcp_info by fillTcpInfo().
+struct TcpInfoFields
+{
+    uint8_t state = 0; // TCP_ESTABLISHED, TCP_LISTEN, ...
+    uint32_t rttUs = 0;
+    uint32_t mss = 0;
+    uint64_t bytesSent = 0;
+    uint64_t bytesReceived = 0;
+    uint32_t unackedBytes = 0;
+    uint32_t sendBuf = 0;
+    uint32_t recvBuf = 0;
+};
+int fillTcpInfo(const TcpInfoFields &f, void *val, socklen_t *len);
+
+// Everything a socket user can observe: states, errors, options, readiness. Shared by the
+// rsocket API and the preload shim; neither knows about fds here. All methods return 0 (or a
+// byte count) or -errno. Thread-safe: a socket may be used from several threads at once.
+class Socket
+{
+public:
+    // domain AF_INET or AF_INET6, type SOCK_STREAM (flags already stripped).
+    static int create(int domain, int type, int protocol, std::shared_ptr<Socket> *out);
+    explicit Socket(int family, const Settings &settings = Settings::fromEnv());
+    ~Socket();
+    Socket(const Socket &) = delete;
+    Socket &operator=(const Socket &) = delete;
+
+    int family() const { return family_; }
+    bool nonblocking() const { return nonblock_.load(std::memory_order_relaxed); }
+    void setNonblocking(bool on) { nonblock_.store(on, std::memory_order_relaxed); }
+
+    int bind(const sockaddr *addr, socklen_t len);
+    int listen(int backlog);
+    // nonblock: the caller's view (O_NONBLOCK of the socket); out gets a connected socket.
+    int accept(std::shared_ptr<Socket> *out, sockaddr *addr, socklen_t *len);
+    int connect(const sockaddr *addr, socklen_t len);
+    // MSG_DONTWAIT, MSG_PEEK, MSG_WAITALL, MSG_TRUNC, MSG_NOSIGNAL (the caller raises SIGPIPE).
+    ssize_t send(const iovec *iov, int iovcnt, int flags);
+    ssize_t recv(const iovec *iov, int iovcnt, int flags);
+    int shutdown(int how);
+    // Graceful close (abortive with SO_LINGER 0; waits up to the linger time if set).
+    void close();
+
+    int setsockopt(int level, int name, const void *val, socklen_t len);
+    int getsockopt(int level, int name, void *val, socklen_t *len);
+    int localAddress(sockaddr *addr, socklen_t *len);
+    int peerAddress(sockaddr *addr, socklen_t *len);
+    // FIONREAD: bytes readable now.
+    int readable(int *bytes);
+
+    // Readiness as poll(2) reports it for a TCP socket (POLLIN/OUT/ERR/HUP/RDHUP), making
+    // progress as it asks. Only the bits in events plus POLLERR/POLLHUP are returned.
+    int pollEvents(int events);
+    // Fds to sleep on while waiting for readiness (at most 2), armed so that sleeping is safe;
+    // returns how many, or -EAGAIN when something is already pending.
+    int prepareWait(int *fds, int max);
+    // Waiter eventfd registration (see Connection::addWaiter). Returns the connection it was
+    // registered with (or null); the caller unregisters there, even if the socket changed.
+    std::shared_ptr<Connection> addWaiter(int eventFd);
+    // Counts readiness-changing events; EPOLLET reports again only when it moved.
+    uint64_t generation();
+
+    bool isListening();
+    bool isConnected();
+    // Statistics.
+    uint64_t bytesSent();
+    uint64_t bytesReceived();
+
+private:
+    enum class State
+    {
+        Fresh,      // nothing yet (maybe bound)
+        Listening,  // listener_ accepts
+        Connecting, // conn_ connecting
+        Connected,  // conn_ established (or accepted)
+        Closed      // listener shut down
+    };
+
+    int timeoutFor(int flags, bool send) const;
+    int reportError(int err);
+    int applySettings(Settings *s);
+    void refreshConnectLocked();
+    void setStateLocked(State s)
+    {
+        state_ = s;
+        stateChanges_++;
+    }
+
+    const int family_;
+    Settings settings_;
+    std::atomic<bool> nonblock_{false};
+
+    std::mutex mutex_; // state, options; never held while blocking
+    State state_ = State::Fresh;
+    std::shared_ptr<Connection> conn_;
+    std::shared_ptr<Listener> listener_;
+    int soError_ = 0;            // pending SO_ERROR (a failed connect, a reset)
+    bool errorReported_ = false; // the connection's error was returned once; then EOF/EPIPE
+    bool failedConnect_ = false; // closed by a failed connect: reads see EOF
+    bool shutWr_ = false;
+    uint32_t sendRing_ = 0; // the connection's send ring size, for POLLOUT
+    uint64_t stateChanges_ = 0;
+    sockaddr_storage bound_{};
+    socklen_t boundLen_ = 0;
+
+    // Options.
+    int rcvTimeoutMs_ = -1;
+    int sndTimeoutMs_ = -1;
+    bool keepalive_ = false;
+    int keepIdle_ = 7200, keepIntvl_ = 75, keepCnt_ = 9;
+    bool reuseAddr_ = false;
+    bool reusePort_ = false;
+    linger linger_{0, 0};
+    bool noDelay_ = false;
+    int maxSeg_ = 0;
+    bool v6Only_ = false;
+    int inlineSize_ = 0;
+    int ioMapSize_ = 0;
+    int sndBufReq_ = 0; // SO_SNDBUF as set (before doubling)
+    int rcvBufReq_ = 0;
+    std::map<std::pair<int, int>, int> generic_; // options kept for getsockopt only
+};
+
+} // namespace rstream
