@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <ctime>
 #include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "connection.h"
 #include "log.h"
 
 namespace rstream {
@@ -58,7 +60,7 @@ class Waiters
 public:
     explicit Waiters(int fd) : fd_(fd) {}
     ~Waiters() { clear(); }
-    void add(Socket &s)
+    void add(Pollable &s)
     {
         if (auto c = s.addWaiter(fd_))
             conns_.push_back(std::move(c));
@@ -147,7 +149,7 @@ int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socke
 {
     if (nfds > 0 && !fds)
         return -EFAULT;
-    std::vector<std::shared_ptr<Socket>> socks(nfds);
+    std::vector<std::shared_ptr<Pollable>> socks(nfds);
     std::vector<pollfd> kfds;
     std::vector<nfds_t> kidx;
     bool any = false;
@@ -223,14 +225,14 @@ int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socke
         for (auto &s : socks) {
             if (!s)
                 continue;
-            int w[2];
-            int n = s->prepareWait(w, 2);
+            pollfd w[2];
+            int n = s->prepareWait(w, 2, POLLIN | POLLOUT);
             if (n == -EAGAIN) {
                 pending = true;
                 break;
             }
             for (int j = 0; j < n; j++)
-                sleepFds.push_back({w[j], POLLIN, 0});
+                sleepFds.push_back(w[j]);
         }
         if (pending)
             continue;
@@ -309,22 +311,22 @@ int selectFds(int nfds, fd_set *readfds, fd_set *writefds, fd_set *exceptfds, ti
     return count;
 }
 
-int EpollSet::ctl(int op, int fd, const epoll_event *event, const std::shared_ptr<Socket> &sock)
+int EpollSet::ctl(int op, int fd, const epoll_event *event, const std::shared_ptr<Pollable> &sock)
 {
     if (fd == epfd_)
         return -EINVAL;
-    if (!sock) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    migrateLocked();
+    if (!sock || sock->kernelFd() >= 0) {
+        lock.unlock();
         epoll_event copy{};
         if (event)
             copy = *event;
-        int r = kp_.epollCtl(epfd_, op, fd, event ? &copy : nullptr);
+        int r = kp_.epollCtl(epfd_, op, sock ? sock->kernelFd() : fd, event ? &copy : nullptr);
         return r < 0 ? -errno : 0;
     }
     if (op != EPOLL_CTL_DEL && !event)
         return -EFAULT;
-    std::lock_guard<std::mutex> lock(mutex_);
-    // Entries of sockets closed since are dropped, as the kernel drops closed files.
-    std::erase_if(entries_, [](const Entry &e) { return e.sock.expired(); });
     auto it = std::find_if(entries_.begin(), entries_.end(),
                            [&](const Entry &e) { return e.fd == fd && e.sock.lock() == sock; });
     switch (op) {
@@ -354,9 +356,30 @@ int EpollSet::ctl(int op, int fd, const epoll_event *event, const std::shared_pt
     }
 }
 
+void EpollSet::migrateLocked()
+{
+    // Sockets that fell back to kernel TCP move to the kernel's epoll, registration intact;
+    // entries of sockets closed since are dropped, as the kernel drops closed files.
+    std::erase_if(entries_, [this](const Entry &e) {
+        auto s = e.sock.lock();
+        if (!s)
+            return true;
+        int kfd = s->kernelFd();
+        if (kfd < 0)
+            return false;
+        epoll_event ev{};
+        ev.events = e.disabled ? 0 : e.events; // a fired EPOLLONESHOT stays disarmed
+        ev.data = e.data;
+        if (kp_.epollCtl(epfd_, EPOLL_CTL_ADD, kfd, &ev) < 0)
+            RS_LOG(Warn, "epoll: cannot move fd %d to the kernel: %s", kfd, strerror(errno));
+        return true;
+    });
+}
+
 int EpollSet::collect(epoll_event *events, int maxevents)
 {
     std::lock_guard<std::mutex> lock(mutex_);
+    migrateLocked();
     int n = 0;
     const size_t count = entries_.size();
     if (next_ >= count)
@@ -427,7 +450,7 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
     const int wakeFd = tWake.fd();
     if (wakeFd < 0)
         return -ENOMEM;
-    std::vector<std::shared_ptr<Socket>> socks;
+    std::vector<std::shared_ptr<Pollable>> socks;
     std::vector<pollfd> sleepFds;
     for (;;) {
         int n = check();
@@ -459,14 +482,14 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         sleepFds.push_back({wakeFd, POLLIN, 0});
         bool pending = false;
         for (auto &s : socks) {
-            int w[2];
-            int k = s->prepareWait(w, 2);
+            pollfd w[2];
+            int k = s->prepareWait(w, 2, POLLIN | POLLOUT);
             if (k == -EAGAIN) {
                 pending = true;
                 break;
             }
             for (int j = 0; j < k; j++)
-                sleepFds.push_back({w[j], POLLIN, 0});
+                sleepFds.push_back(w[j]);
         }
         if (pending)
             continue;

@@ -10,7 +10,7 @@
 #include <sys/select.h>
 #include <vector>
 
-#include "socket.h"
+#include "pollable.h"
 
 namespace rstream {
 
@@ -25,7 +25,7 @@ struct KernelPoll
 const KernelPoll &defaultKernelPoll();
 
 // Maps an fd to its engine socket, or null for an fd the kernel answers for.
-using SocketResolver = std::shared_ptr<Socket> (*)(int fd);
+using SocketResolver = std::shared_ptr<Pollable> (*)(int fd);
 
 // poll(2)/ppoll(2): revents filled in, returns the number of ready entries or -errno. Sleeps in
 // ppoll on the sockets' wait fds, a per-thread wake-up eventfd and the kernel fds, after a spin
@@ -45,7 +45,7 @@ public:
     explicit EpollSet(int epfd, const KernelPoll &kp) : epfd_(epfd), kp_(kp) {}
     int fd() const { return epfd_; }
     // sock null: fd is a kernel fd and goes to the kernel's epoll.
-    int ctl(int op, int fd, const epoll_event *event, const std::shared_ptr<Socket> &sock);
+    int ctl(int op, int fd, const epoll_event *event, const std::shared_ptr<Pollable> &sock);
     int wait(epoll_event *events, int maxevents, int timeoutMs, const sigset_t *mask, int spinUs);
     // Whether an engine socket in the set is ready now (to make the epoll fd look readable).
     bool anyReady();
@@ -54,7 +54,7 @@ private:
     struct Entry
     {
         int fd;
-        std::weak_ptr<Socket> sock;
+        std::weak_ptr<Pollable> sock;
         uint32_t events;
         epoll_data_t data;
         uint64_t lastGen;
@@ -62,6 +62,7 @@ private:
         bool disabled; // EPOLLONESHOT fired; waits for EPOLL_CTL_MOD
     };
     int collect(epoll_event *events, int maxevents);
+    void migrateLocked();
 
     const int epfd_;
     const KernelPoll &kp_;

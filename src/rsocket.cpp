@@ -45,6 +45,11 @@ std::shared_ptr<Socket> resolve(int fd)
     return sockets().get(fd);
 }
 
+std::shared_ptr<Pollable> resolvePollable(int fd)
+{
+    return sockets().get(fd);
+}
+
 int spinUs()
 {
     static const int us = Settings::fromEnv().pollUs;
@@ -313,7 +318,7 @@ __attribute__((visibility("default"))) int rpoll(struct pollfd *fds, nfds_t nfds
 {
     pthread_testcancel();
     return boundary([&]() -> int {
-        return pollFds(fds, nfds, timeout, nullptr, resolve, defaultKernelPoll(), spinUs());
+        return pollFds(fds, nfds, timeout, nullptr, resolvePollable, defaultKernelPoll(), spinUs());
     });
 }
 
@@ -322,7 +327,7 @@ __attribute__((visibility("default"))) int rselect(int nfds, fd_set *readfds, fd
 {
     pthread_testcancel();
     return boundary([&]() -> int {
-        return selectFds(nfds, readfds, writefds, exceptfds, timeout, nullptr, resolve,
+        return selectFds(nfds, readfds, writefds, exceptfds, timeout, nullptr, resolvePollable,
                          defaultKernelPoll(), spinUs());
     });
 }

@@ -1092,7 +1092,7 @@ int Socket::pollEvents(int events)
     return rev & (events | POLLERR | POLLHUP);
 }
 
-int Socket::prepareWait(int *fds, int max)
+int Socket::prepareWait(pollfd *fds, int max, int)
 {
     std::shared_ptr<Connection> conn;
     std::shared_ptr<Listener> listener;
@@ -1105,12 +1105,12 @@ int Socket::prepareWait(int *fds, int max)
     if (listener && n < max) {
         if (listener->arm() == -EAGAIN)
             return -EAGAIN;
-        fds[n++] = listener->waitFd();
+        fds[n++] = {listener->waitFd(), POLLIN, 0};
     }
     if (conn && n < max) {
         if (conn->arm() == -EAGAIN)
             return -EAGAIN;
-        fds[n++] = conn->waitFd();
+        fds[n++] = {conn->waitFd(), POLLIN, 0};
     }
     return n;
 }

@@ -14,6 +14,7 @@
 
 #include "connection.h"
 #include "listener.h"
+#include "pollable.h"
 #include "settings.h"
 
 namespace rstream {
@@ -54,13 +55,13 @@ int fillTcpInfo(const TcpInfoFields &f, void *val, socklen_t *len);
 // Everything a socket user can observe: states, errors, options, readiness. Shared by the
 // rsocket API and the preload shim; neither knows about fds here. All methods return 0 (or a
 // byte count) or -errno. Thread-safe: a socket may be used from several threads at once.
-class Socket
+class Socket : public Pollable
 {
 public:
     // domain AF_INET or AF_INET6, type SOCK_STREAM (flags already stripped).
     static int create(int domain, int type, int protocol, std::shared_ptr<Socket> *out);
     explicit Socket(int family, const Settings &settings = Settings::fromEnv());
-    ~Socket();
+    ~Socket() override;
     Socket(const Socket &) = delete;
     Socket &operator=(const Socket &) = delete;
 
@@ -87,17 +88,11 @@ public:
     // FIONREAD: bytes readable now.
     int readable(int *bytes);
 
-    // Readiness as poll(2) reports it for a TCP socket (POLLIN/OUT/ERR/HUP/RDHUP), making
-    // progress as it asks. Only the bits in events plus POLLERR/POLLHUP are returned.
-    int pollEvents(int events);
-    // Fds to sleep on while waiting for readiness (at most 2), armed so that sleeping is safe;
-    // returns how many, or -EAGAIN when something is already pending.
-    int prepareWait(int *fds, int max);
-    // Waiter eventfd registration (see Connection::addWaiter). Returns the connection it was
-    // registered with (or null); the caller unregisters there, even if the socket changed.
-    std::shared_ptr<Connection> addWaiter(int eventFd);
-    // Counts readiness-changing events; EPOLLET reports again only when it moved.
-    uint64_t generation();
+    // Pollable: readiness as Linux's tcp_poll computes it.
+    int pollEvents(int events) override;
+    int prepareWait(pollfd *fds, int max, int events) override;
+    std::shared_ptr<Connection> addWaiter(int eventFd) override;
+    uint64_t generation() override;
 
     bool isListening();
     bool isConnected();
