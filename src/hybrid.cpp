@@ -1,0 +1,888 @@
+// SPDX-License-Identifier: MIT
+// The shim's sockets: fabric first, kernel TCP when the peer has no fabric listener.
+
+#include "hybrid.h"
+
+#include <algorithm>
+#include <arpa/inet.h>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fcntl.h>
+#include <map>
+#include <unistd.h>
+
+#include "fabric.h"
+#include "log.h"
+
+namespace rstream {
+
+namespace {
+
+std::atomic<bool> gEngineUsed{false};
+
+int64_t nowMs()
+{
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return int64_t(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+}
+
+int portOf(const sockaddr *addr)
+{
+    if (addr->sa_family == AF_INET)
+        return ntohs(reinterpret_cast<const sockaddr_in *>(addr)->sin_port);
+    if (addr->sa_family == AF_INET6)
+        return ntohs(reinterpret_cast<const sockaddr_in6 *>(addr)->sin6_port);
+    return 0;
+}
+
+void setPort(sockaddr_storage *ss, int port)
+{
+    if (ss->ss_family == AF_INET)
+        reinterpret_cast<sockaddr_in *>(ss)->sin_port = htons(static_cast<uint16_t>(port));
+    else if (ss->ss_family == AF_INET6)
+        reinterpret_cast<sockaddr_in6 *>(ss)->sin6_port = htons(static_cast<uint16_t>(port));
+}
+
+// The address bytes of an IPv4 or IPv6 address (v4-mapped addresses as IPv4).
+int addressBytes(const sockaddr *addr, uint8_t out[16])
+{
+    std::memset(out, 0, 16);
+    if (addr->sa_family == AF_INET) {
+        std::memcpy(out, &reinterpret_cast<const sockaddr_in *>(addr)->sin_addr, 4);
+        return AF_INET;
+    }
+    auto *in6 = reinterpret_cast<const sockaddr_in6 *>(addr);
+    if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {
+        std::memcpy(out, &in6->sin6_addr.s6_addr[12], 4);
+        return AF_INET;
+    }
+    std::memcpy(out, &in6->sin6_addr, 16);
+    return AF_INET6;
+}
+
+std::string describe(const sockaddr *addr)
+{
+    char buf[INET6_ADDRSTRLEN] = "?";
+    uint8_t bytes[16];
+    int fam = addressBytes(addr, bytes);
+    inet_ntop(fam, bytes, buf, sizeof(buf));
+    return std::string(buf) + ":" + std::to_string(portOf(addr));
+}
+
+// Destinations whose fabric connect failed recently: later connects go straight to the kernel.
+class NegativeCache
+{
+public:
+    bool has(const std::string &key)
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = entries_.find(key);
+        if (it == entries_.end())
+            return false;
+        if (nowMs() >= it->second) {
+            entries_.erase(it);
+            return false;
+        }
+        return true;
+    }
+    // Returns true the first time a destination is added (for logging once).
+    bool add(const std::string &key, int ttlMs)
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        bool fresh = !logged_.count(key);
+        logged_[key] = true;
+        entries_[key] = nowMs() + ttlMs;
+        return fresh;
+    }
+
+private:
+    std::mutex mutex_;
+    std::map<std::string, int64_t> entries_;
+    std::map<std::string, bool> logged_;
+};
+
+NegativeCache &negativeCache()
+{
+    static auto *cache = new NegativeCache();
+    return *cache;
+}
+
+// Sockets inherited across fork keep their engine objects alive, untouched, for good: the
+// parent owns the connections, and destroying them here would disconnect the parent.
+std::vector<std::shared_ptr<Socket>> &inheritedSockets()
+{
+    static auto *v = new std::vector<std::shared_ptr<Socket>>();
+    return *v;
+}
+
+int envInt(const char *name, int def, int lo, int hi)
+{
+    const char *v = std::getenv(name);
+    if (!v || !*v)
+        return def;
+    char *end;
+    long n = std::strtol(v, &end, 10);
+    if (*end || n < lo || n > hi) {
+        RS_LOG(Warn, "%s=%s is not a number in %d..%d; using %d", name, v, lo, hi, def);
+        return def;
+    }
+    return static_cast<int>(n);
+}
+
+} // namespace
+
+bool engineUsed()
+{
+    return gEngineUsed.load(std::memory_order_relaxed);
+}
+
+ShimConfig ShimConfig::fromEnv()
+{
+    ShimConfig c;
+    c.enabled = envInt("RSTREAM_ENABLE", 1, 0, 1) != 0;
+    // verbs on IB/RoCE has a port space of its own: the fabric listener takes the app's port.
+    // tcp (and iWarp) share the kernel's, so the fabric listener needs another one.
+    const std::string &prov = chooseProvider(Settings::fromEnv());
+    int defOffset = prov == "verbs" ? 0 : 20000;
+    c.portOffset = envInt("RSTREAM_PORT_OFFSET", defOffset, 0, 65535);
+    c.connectTimeoutMs = envInt("RSTREAM_CONNECT_TIMEOUT_MS", 2000, 1, 600000);
+    c.negativeCacheMs = envInt("RSTREAM_NEGATIVE_CACHE_MS", 30000, 0, 86400000);
+    if (const char *ports = std::getenv("RSTREAM_PORTS")) {
+        // "5201,6379,7000-7100"
+        std::string s(ports);
+        size_t pos = 0;
+        while (pos < s.size()) {
+            size_t end = s.find(',', pos);
+            std::string item =
+                s.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+            int lo = 0, hi = 0;
+            char dash;
+            if (std::sscanf(item.c_str(), "%d%c%d", &lo, &dash, &hi) == 3 && dash == '-')
+                c.ports.emplace_back(lo, hi);
+            else if (std::sscanf(item.c_str(), "%d", &lo) == 1)
+                c.ports.emplace_back(lo, lo);
+            else if (!item.empty())
+                RS_LOG(Warn, "RSTREAM_PORTS: ignoring '%s'", item.c_str());
+            if (end == std::string::npos)
+                break;
+            pos = end + 1;
+        }
+    }
+    if (const char *ex = std::getenv("RSTREAM_EXCLUDE")) {
+        // "10.0.0.0/8,192.168.1.5,::1,:22,127.0.0.1:6379"
+        std::string s(ex);
+        size_t pos = 0;
+        while (pos <= s.size()) {
+            size_t end = s.find(',', pos);
+            std::string item =
+                s.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+            if (!item.empty()) {
+                Net n{};
+                std::string addr = item;
+                // A trailing :port (for IPv6 write [addr]:port).
+                size_t colon = addr.rfind(':');
+                bool v6 = std::count(addr.begin(), addr.end(), ':') > 1 && addr[0] != '[';
+                if (!v6 && colon != std::string::npos) {
+                    n.port = std::atoi(addr.c_str() + colon + 1);
+                    addr = addr.substr(0, colon);
+                }
+                if (!addr.empty() && addr.front() == '[' && addr.back() == ']')
+                    addr = addr.substr(1, addr.size() - 2);
+                size_t slash = addr.find('/');
+                std::string host = addr.substr(0, slash);
+                bool ok = true;
+                if (host.empty()) {
+                    n.family = 0; // any address
+                } else if (inet_pton(AF_INET, host.c_str(), n.addr) == 1) {
+                    n.family = AF_INET;
+                    n.prefix = 32;
+                } else if (inet_pton(AF_INET6, host.c_str(), n.addr) == 1) {
+                    n.family = AF_INET6;
+                    n.prefix = 128;
+                } else {
+                    ok = false;
+                }
+                if (ok && slash != std::string::npos)
+                    n.prefix = std::atoi(addr.c_str() + slash + 1);
+                if (ok)
+                    c.exclude.push_back(n);
+                else
+                    RS_LOG(Warn, "RSTREAM_EXCLUDE: ignoring '%s'", item.c_str());
+            }
+            if (end == std::string::npos)
+                break;
+            pos = end + 1;
+        }
+    }
+    return c;
+}
+
+int ShimConfig::fabricPort(int port) const
+{
+    if (port <= 0 || port > 65535)
+        return 0;
+    int p = port + portOffset;
+    if (p > 65535)
+        p = p - 65536 + 1024; // wrap above the privileged ports
+    return p == port && portOffset ? 0 : p;
+}
+
+bool ShimConfig::portAllowed(int port) const
+{
+    if (ports.empty())
+        return true;
+    for (auto &r : ports)
+        if (port >= r.first && port <= r.second)
+            return true;
+    return false;
+}
+
+bool ShimConfig::excluded(const sockaddr *addr) const
+{
+    uint8_t bytes[16];
+    int fam = addressBytes(addr, bytes);
+    int port = portOf(addr);
+    for (auto &n : exclude) {
+        if (n.port && n.port != port)
+            continue;
+        if (n.family == 0)
+            return true;
+        if (n.family != fam)
+            continue;
+        int bits = n.prefix, i = 0;
+        bool match = true;
+        for (; bits >= 8; bits -= 8, i++)
+            if (bytes[i] != n.addr[i])
+                match = false;
+        if (match && bits > 0) {
+            uint8_t mask = static_cast<uint8_t>(0xff << (8 - bits));
+            match = (bytes[i] & mask) == (n.addr[i] & mask);
+        }
+        if (match)
+            return true;
+    }
+    return false;
+}
+
+ShimStats &shimStats()
+{
+    static auto *stats = new ShimStats();
+    return *stats;
+}
+
+std::string shimStatsJson(uint64_t openBytesSent, uint64_t openBytesReceived)
+{
+    ShimStats &s = shimStats();
+    char buf[512];
+    std::snprintf(buf, sizeof(buf),
+                  "{\"pid\": %d, \"provider\": \"%s\", \"fabric_connections\": %" PRIu64
+                  ", \"fallback_connections\": %" PRIu64 ", \"fabric_bytes_sent\": %" PRIu64
+                  ", \"fabric_bytes_received\": %" PRIu64 ", \"fabric_listeners\": %" PRIu64 "}",
+                  static_cast<int>(getpid()), chooseProvider(Settings::fromEnv()).c_str(),
+                  s.fabricConnections.load(), s.fallbackConnections.load(),
+                  s.fabricBytesSent.load() + openBytesSent,
+                  s.fabricBytesReceived.load() + openBytesReceived, s.fabricListeners.load());
+    return buf;
+}
+
+HybridSocket::HybridSocket(int fd, int family, bool nonblocking, const KernelOps &kops,
+                           const ShimConfig &config)
+    : fd_(fd), family_(family), k_(kops), config_(config)
+{
+    nonblock_.store(nonblocking, std::memory_order_relaxed);
+}
+
+HybridSocket::~HybridSocket()
+{
+    // What this socket moved is added when it goes; RSTREAM_STATS adds the open ones.
+    shimStats().fabricBytesSent.fetch_add(sent_.load(), std::memory_order_relaxed);
+    shimStats().fabricBytesReceived.fetch_add(received_.load(), std::memory_order_relaxed);
+}
+
+void HybridSocket::setNonblocking(bool on)
+{
+    nonblock_.store(on, std::memory_order_relaxed);
+    std::shared_ptr<Socket> s;
+    Mode m;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        s = sock_;
+        m = mode_.load();
+    }
+    if (m == Mode::Fabric && s)
+        s->setNonblocking(on);
+    if (m != Mode::Listener) {
+        // The kernel fd follows, so forwarding to it (after a fallback) behaves the same.
+        int fl = k_.fcntl(fd_, F_GETFL);
+        if (fl >= 0)
+            k_.fcntl(fd_, F_SETFL, on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK));
+    }
+}
+
+int HybridSocket::getFlags()
+{
+    int fl = k_.fcntl(fd_, F_GETFL);
+    if (fl < 0)
+        return -errno;
+    return nonblocking() ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK);
+}
+
+int HybridSocket::setFlags(int flags)
+{
+    setNonblocking(flags & O_NONBLOCK);
+    int fl = flags;
+    if (mode() == Mode::Listener)
+        fl |= O_NONBLOCK; // the listener's kernel fd stays nonblocking; accept() emulates
+    else
+        fl = nonblocking() ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK);
+    return k_.fcntl(fd_, F_SETFL, fl) < 0 ? -errno : 0;
+}
+
+int HybridSocket::applyOptions(Socket &s)
+{
+    for (auto &o : options_)
+        s.setsockopt(o.level, o.name, o.value.data(), static_cast<socklen_t>(o.value.size()));
+    return 0;
+}
+
+int HybridSocket::bind(const sockaddr *addr, socklen_t len)
+{
+    Mode m = mode();
+    if (m == Mode::Fabric || m == Mode::Listener)
+        return -EINVAL;
+    if (k_.bind(fd_, addr, len) < 0)
+        return -errno;
+    std::lock_guard<std::mutex> lock(mutex_);
+    boundLen_ = std::min<socklen_t>(len, sizeof(bound_));
+    std::memcpy(&bound_, addr, boundLen_);
+    return 0;
+}
+
+int HybridSocket::listen(int backlog)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    Mode m = mode_.load();
+    if (m == Mode::Fabric)
+        return -EINVAL;
+    if (m == Mode::Inherited)
+        return -EIO;
+    if (k_.listen(fd_, backlog) < 0)
+        return -errno;
+    if (m == Mode::Listener || m == Mode::Kernel)
+        return 0; // a new backlog for the kernel; the fabric listener keeps its own
+    // The kernel picked the port if the application did not bind one.
+    sockaddr_storage local{};
+    socklen_t llen = sizeof(local);
+    if (k_.getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen) < 0)
+        return -errno;
+    int port = portOf(reinterpret_cast<sockaddr *>(&local));
+    int fport = config_.fabricPort(port);
+    std::shared_ptr<Socket> s;
+    if (config_.enabled && !noFabric_ && config_.portAllowed(port) && fport) {
+        gEngineUsed.store(true, std::memory_order_relaxed);
+        s = std::make_shared<Socket>(family_);
+        applyOptions(*s);
+        s->setNonblocking(true);
+        sockaddr_storage faddr = local;
+        setPort(&faddr, fport);
+        int r = s->bind(reinterpret_cast<sockaddr *>(&faddr), llen);
+        if (r == 0)
+            r = s->listen(backlog);
+        if (r < 0) {
+            RS_LOG(Info, "no fabric listener for port %d on port %d (%s): kernel TCP only", port,
+                   fport, strerror(-r));
+            s.reset();
+        }
+    }
+    if (!s) {
+        mode_.store(Mode::Kernel, std::memory_order_release);
+        kernelGen_++;
+        return 0;
+    }
+    // accept() waits on both; the kernel side must never block it.
+    int fl = k_.fcntl(fd_, F_GETFL);
+    if (fl >= 0)
+        k_.fcntl(fd_, F_SETFL, fl | O_NONBLOCK);
+    sock_ = std::move(s);
+    appPort_ = port;
+    shimStats().fabricListeners.fetch_add(1, std::memory_order_relaxed);
+    mode_.store(Mode::Listener, std::memory_order_release);
+    RS_LOG(Debug, "listening on port %d: kernel TCP and fabric port %d", port, fport);
+    return 0;
+}
+
+int HybridSocket::accept(sockaddr *addr, socklen_t *len, int flags,
+                         std::shared_ptr<HybridSocket> *newSock)
+{
+    if (flags & ~(SOCK_NONBLOCK | SOCK_CLOEXEC))
+        return -EINVAL;
+    std::shared_ptr<Socket> listener;
+    int timeout;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (mode_.load() != Mode::Listener)
+            return -EINVAL;
+        listener = sock_;
+        timeout = rcvTimeoutMs_;
+    }
+    const int64_t deadline = timeout > 0 ? nowMs() + timeout : -1;
+    for (;;) {
+        // Alternate which side goes first, so neither starves the other.
+        bool fabricFirst = acceptFabricFirst_.exchange(!acceptFabricFirst_.load());
+        for (int pass = 0; pass < 2; pass++) {
+            bool fabric = (pass == 0) == fabricFirst;
+            if (fabric && listener) {
+                std::shared_ptr<Socket> ns;
+                int r = listener->accept(&ns, addr, len);
+                if (r == 0) {
+                    int nfd = k_.socket(family_, SOCK_STREAM | (flags & SOCK_CLOEXEC), 0);
+                    if (nfd < 0)
+                        return -errno; // the connection closes with ns
+                    auto hs = std::make_shared<HybridSocket>(nfd, family_, flags & SOCK_NONBLOCK,
+                                                             k_, config_);
+                    ns->setNonblocking(flags & SOCK_NONBLOCK);
+                    hs->sock_ = std::move(ns);
+                    hs->appPort_ = appPort_;
+                    hs->accepted_ = true;
+                    hs->mode_.store(Mode::Fabric, std::memory_order_release);
+                    if (addr && len) {
+                        // The address the application sees is the peer's, in our family.
+                        hs->sock_->peerAddress(addr, len);
+                    }
+                    shimStats().fabricConnections.fetch_add(1, std::memory_order_relaxed);
+                    *newSock = std::move(hs);
+                    return nfd;
+                }
+                if (r != -EAGAIN)
+                    RS_LOG(Debug, "fabric accept: %s", strerror(-r));
+            } else if (!fabric) {
+                int r = k_.accept4(fd_, addr, len, flags);
+                if (r >= 0) {
+                    shimStats().fallbackConnections.fetch_add(1, std::memory_order_relaxed);
+                    return r;
+                }
+                if (errno != EAGAIN && errno != EWOULDBLOCK)
+                    return -errno;
+            }
+        }
+        if (nonblocking())
+            return -EAGAIN;
+        int wait = -1;
+        if (deadline >= 0) {
+            wait = static_cast<int>(deadline - nowMs());
+            if (wait <= 0)
+                return -EAGAIN;
+        }
+        pollfd fds[3] = {{fd_, POLLIN, 0}};
+        int n = 1;
+        if (listener) {
+            int k = listener->prepareWait(fds + 1, 2, POLLIN);
+            if (k == -EAGAIN)
+                continue;
+            n += std::max(k, 0);
+        }
+        timespec ts{wait / 1000, (wait % 1000) * 1000000L};
+        int r = k_.poll.ppoll(fds, n, wait >= 0 ? &ts : nullptr, nullptr);
+        if (r < 0 && errno == EINTR)
+            return -EINTR;
+    }
+}
+
+int HybridSocket::connectFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out)
+{
+    gEngineUsed.store(true, std::memory_order_relaxed);
+    auto s = std::make_shared<Socket>(family_);
+    applyOptions(*s);
+    s->setNonblocking(true);
+    int r = s->connect(addr, len);
+    if (r != 0 && r != -EINPROGRESS)
+        return r;
+    // Bounded: a peer without a fabric listener refuses at once; one that does not answer
+    // costs connectTimeoutMs, once per destination thanks to the negative cache.
+    const int64_t deadline = nowMs() + config_.connectTimeoutMs;
+    for (;;) {
+        if (s->pollEvents(POLLOUT))
+            break;
+        int64_t left = deadline - nowMs();
+        if (left <= 0)
+            return -ETIMEDOUT;
+        pollfd fds[2];
+        int n = s->prepareWait(fds, 2, POLLOUT);
+        if (n == -EAGAIN)
+            continue;
+        int wait = static_cast<int>(std::min<int64_t>(left, 100));
+        timespec ts{0, wait * 1000000L};
+        k_.poll.ppoll(fds, std::max(n, 0), &ts, nullptr);
+    }
+    int err = 0;
+    socklen_t elen = sizeof(err);
+    s->getsockopt(SOL_SOCKET, SO_ERROR, &err, &elen);
+    if (err)
+        return -err;
+    *out = std::move(s);
+    return 0;
+}
+
+int HybridSocket::connect(const sockaddr *addr, socklen_t len)
+{
+    Mode m = mode();
+    if (m == Mode::Fabric) {
+        std::shared_ptr<Socket> s;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            s = sock_;
+        }
+        return s->connect(addr, len);
+    }
+    if (m == Mode::Listener)
+        return -EISCONN;
+    if (m == Mode::Inherited)
+        return -EIO;
+    if (m == Mode::Kernel)
+        return k_.connect(fd_, addr, len) < 0 ? -errno : 0;
+    if (!addr)
+        return -EFAULT;
+    if (len < sizeof(sa_family_t))
+        return -EINVAL;
+
+    // Undecided: the fabric when the destination may have a fabric listener.
+    bool candidate = config_.enabled && !noFabric_ && addr->sa_family == family_ &&
+                     len >= (family_ == AF_INET ? sizeof(sockaddr_in) : 24);
+    int port = candidate ? portOf(addr) : 0;
+    int fport = config_.fabricPort(port);
+    std::string key;
+    if (candidate && fport && config_.portAllowed(port) && !config_.excluded(addr)) {
+        sockaddr_storage dest{};
+        std::memcpy(&dest, addr, std::min<socklen_t>(len, sizeof(dest)));
+        setPort(&dest, fport);
+        key = describe(reinterpret_cast<sockaddr *>(&dest));
+        if (!negativeCache().has(key)) {
+            std::shared_ptr<Socket> s;
+            int r = connectFabric(reinterpret_cast<sockaddr *>(&dest), len, &s);
+            if (r == 0) {
+                std::lock_guard<std::mutex> lock(mutex_);
+                s->setNonblocking(nonblocking());
+                sock_ = std::move(s);
+                peerLen_ = std::min<socklen_t>(len, sizeof(peer_));
+                std::memcpy(&peer_, addr, peerLen_);
+                mode_.store(Mode::Fabric, std::memory_order_release);
+                shimStats().fabricConnections.fetch_add(1, std::memory_order_relaxed);
+                // A nonblocking connect reports progress the way TCP does; POLLOUT is ready.
+                return nonblocking() ? -EINPROGRESS : 0;
+            }
+            if (negativeCache().add(key, config_.negativeCacheMs))
+                RS_LOG(Info, "no fabric at %s (%s): kernel TCP", key.c_str(), strerror(-r));
+        }
+    }
+    // Kernel TCP on the application's own fd, with the options it set already applied.
+    mode_.store(Mode::Kernel, std::memory_order_release);
+    kernelGen_++;
+    if (k_.connect(fd_, addr, len) < 0)
+        return -errno;
+    countFallbackIfEstablished();
+    return 0;
+}
+
+ssize_t HybridSocket::send(const iovec *iov, int iovcnt, int flags)
+{
+    Mode m = mode();
+    if (m == Mode::Inherited)
+        return -EIO;
+    if (m != Mode::Fabric)
+        return -ENOTSOCK; // the shim forwards other modes to the kernel
+    std::shared_ptr<Socket> s;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        s = sock_;
+    }
+    ssize_t r = s->send(iov, iovcnt, flags);
+    if (r > 0)
+        sent_.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
+    return r;
+}
+
+ssize_t HybridSocket::recv(const iovec *iov, int iovcnt, int flags)
+{
+    Mode m = mode();
+    if (m == Mode::Inherited)
+        return -EIO;
+    if (m != Mode::Fabric)
+        return -ENOTSOCK;
+    std::shared_ptr<Socket> s;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        s = sock_;
+    }
+    ssize_t r = s->recv(iov, iovcnt, flags);
+    if (r > 0 && !(flags & MSG_PEEK))
+        received_.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
+    return r;
+}
+
+int HybridSocket::shutdown(int how)
+{
+    std::shared_ptr<Socket> s;
+    Mode m;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        s = sock_;
+        m = mode_.load();
+    }
+    switch (m) {
+    case Mode::Fabric:
+        return s->shutdown(how);
+    case Mode::Inherited:
+        return -EIO;
+    case Mode::Listener:
+        if (s)
+            s->shutdown(how);
+        [[fallthrough]];
+    default:
+        return k_.shutdown(fd_, how) < 0 ? -errno : 0;
+    }
+}
+
+int HybridSocket::setsockopt(int level, int name, const void *val, socklen_t len)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    Mode m = mode_.load();
+    if (m == Mode::Fabric)
+        return sock_->setsockopt(level, name, val, len);
+    if (m == Mode::Inherited)
+        return -EIO;
+    // The kernel validates and keeps it (a fallback needs it); the engine gets it too.
+    if (k_.setsockopt(fd_, level, name, val, len) < 0)
+        return -errno;
+    if (level == SOL_SOCKET && name == SO_RCVTIMEO && val && len >= sizeof(timeval)) {
+        timeval tv;
+        std::memcpy(&tv, val, sizeof(tv));
+        rcvTimeoutMs_ = static_cast<int>(tv.tv_sec * 1000 + tv.tv_usec / 1000);
+    }
+    if (m == Mode::Listener && sock_) {
+        sock_->setsockopt(level, name, val, len);
+        return 0;
+    }
+    auto it = std::find_if(options_.begin(), options_.end(),
+                           [&](const Option &o) { return o.level == level && o.name == name; });
+    Option o{level, name,
+             std::vector<uint8_t>(static_cast<const uint8_t *>(val),
+                                  static_cast<const uint8_t *>(val) + len)};
+    if (it != options_.end())
+        *it = std::move(o);
+    else
+        options_.push_back(std::move(o));
+    return 0;
+}
+
+int HybridSocket::getsockopt(int level, int name, void *val, socklen_t *len)
+{
+    std::shared_ptr<Socket> s;
+    Mode m;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        s = sock_;
+        m = mode_.load();
+    }
+    if (m == Mode::Fabric)
+        return s->getsockopt(level, name, val, len);
+    if (m == Mode::Inherited)
+        return -EIO;
+    return k_.getsockopt(fd_, level, name, val, len) < 0 ? -errno : 0;
+}
+
+int HybridSocket::getsockname(sockaddr *addr, socklen_t *len)
+{
+    std::shared_ptr<Socket> s;
+    Mode m;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        s = sock_;
+        m = mode_.load();
+    }
+    if (m != Mode::Fabric)
+        return k_.getsockname(fd_, addr, len) < 0 ? -errno : 0;
+    int r = s->localAddress(addr, len);
+    if (r == 0 && accepted_ && appPort_ && addr)
+        setPort(reinterpret_cast<sockaddr_storage *>(addr), appPort_); // the port it listened on
+    return r;
+}
+
+int HybridSocket::getpeername(sockaddr *addr, socklen_t *len)
+{
+    std::shared_ptr<Socket> s;
+    Mode m;
+    sockaddr_storage peer;
+    socklen_t plen;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        s = sock_;
+        m = mode_.load();
+        peer = peer_;
+        plen = peerLen_;
+    }
+    if (m != Mode::Fabric)
+        return k_.getpeername(fd_, addr, len) < 0 ? -errno : 0;
+    if (!accepted_) {
+        // The address the application connected to, not the fabric listener's port.
+        int r = s->peerAddress(addr, len);
+        if (r < 0)
+            return r;
+        if (!addr || !len)
+            return -EFAULT;
+        std::memcpy(addr, &peer, std::min(*len, plen));
+        *len = plen;
+        return 0;
+    }
+    return s->peerAddress(addr, len);
+}
+
+int HybridSocket::fionread(int *bytes)
+{
+    std::shared_ptr<Socket> s;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        s = sock_;
+    }
+    if (mode() != Mode::Fabric || !s)
+        return -ENOTTY;
+    return s->readable(bytes);
+}
+
+void HybridSocket::onFdClosed(int fd)
+{
+    if (fd == fd_ && mode() == Mode::Kernel)
+        countFallbackIfEstablished();
+}
+
+void HybridSocket::countFallbackIfEstablished()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (fallbackCounted_)
+        return;
+    sockaddr_storage peer;
+    socklen_t plen = sizeof(peer);
+    if (k_.getpeername(fd_, reinterpret_cast<sockaddr *>(&peer), &plen) == 0) {
+        fallbackCounted_ = true;
+        shimStats().fallbackConnections.fetch_add(1, std::memory_order_relaxed);
+    }
+}
+
+void HybridSocket::markInherited()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    noFabric_ = true;
+    if (sock_)
+        inheritedSockets().push_back(std::move(sock_));
+    Mode m = mode_.load();
+    if (m == Mode::Fabric)
+        mode_.store(Mode::Inherited, std::memory_order_release);
+    // A listener keeps accepting over kernel TCP (its fabric side stays with the parent).
+}
+
+int HybridSocket::kernelPollNow(int events)
+{
+    pollfd p{fd_, static_cast<short>(events), 0};
+    const timespec zero{0, 0};
+    int r = k_.poll.ppoll(&p, 1, &zero, nullptr);
+    return r > 0 ? p.revents : 0;
+}
+
+int HybridSocket::pollEvents(int events)
+{
+    std::shared_ptr<Socket> s;
+    Mode m;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        s = sock_;
+        m = mode_.load();
+    }
+    switch (m) {
+    case Mode::Fabric:
+        return s->pollEvents(events);
+    case Mode::Listener: {
+        int rev = kernelPollNow(POLLIN);
+        if (s)
+            rev |= s->pollEvents(POLLIN);
+        return rev & (events | POLLERR | POLLHUP);
+    }
+    case Mode::Inherited:
+        return POLLERR | POLLHUP;
+    default:
+        return kernelPollNow(events);
+    }
+}
+
+int HybridSocket::prepareWait(pollfd *fds, int max, int events)
+{
+    std::shared_ptr<Socket> s;
+    Mode m;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        s = sock_;
+        m = mode_.load();
+    }
+    if (max <= 0)
+        return 0;
+    switch (m) {
+    case Mode::Fabric:
+        return s->prepareWait(fds, max, events);
+    case Mode::Listener: {
+        fds[0] = {fd_, POLLIN, 0};
+        if (!s || max < 2)
+            return 1;
+        int n = s->prepareWait(fds + 1, max - 1, POLLIN);
+        return n < 0 ? n : n + 1;
+    }
+    case Mode::Inherited:
+        return 0;
+    default:
+        fds[0] = {fd_, static_cast<short>(events), 0};
+        return 1;
+    }
+}
+
+std::shared_ptr<Connection> HybridSocket::addWaiter(int eventFd)
+{
+    std::shared_ptr<Socket> s;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        s = sock_;
+    }
+    Mode m = mode();
+    return s && (m == Mode::Fabric || m == Mode::Listener) ? s->addWaiter(eventFd) : nullptr;
+}
+
+uint64_t HybridSocket::generation()
+{
+    std::shared_ptr<Socket> s;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        s = sock_;
+    }
+    if (mode() == Mode::Fabric && s)
+        return s->generation();
+    // Kernel-backed readiness has no event count: every look counts as new (EPOLLET acts as
+    // level-triggered there, which costs a spurious wake-up, never a lost one).
+    return kernelGen_.fetch_add(1, std::memory_order_relaxed);
+}
+
+int HybridSocket::kernelFd()
+{
+    return mode() == Mode::Kernel ? fd_ : -1;
+}
+
+uint64_t HybridSocket::bytesSent()
+{
+    return sent_.load(std::memory_order_relaxed);
+}
+
+uint64_t HybridSocket::bytesReceived()
+{
+    return received_.load(std::memory_order_relaxed);
+}
+
+} // namespace rstream

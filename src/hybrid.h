@@ -1,0 +1,180 @@
+// SPDX-License-Identifier: MIT
+// The shim's sockets: a kernel fd the application sees, served by the fabric when the peer
+// has a fabric listener and by kernel TCP otherwise.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <netinet/in.h>
+#include <string>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <utility>
+#include <vector>
+
+#include "poller.h"
+#include "socket.h"
+
+namespace rstream {
+
+// The real libc functions (the shim passes its dlsym(RTLD_NEXT) pointers, so nothing here
+// re-enters the interposers).
+struct KernelOps
+{
+    int (*socket)(int, int, int);
+    int (*bind)(int, const sockaddr *, socklen_t);
+    int (*listen)(int, int);
+    int (*accept4)(int, sockaddr *, socklen_t *, int);
+    int (*connect)(int, const sockaddr *, socklen_t);
+    int (*close)(int);
+    int (*shutdown)(int, int);
+    int (*setsockopt)(int, int, int, const void *, socklen_t);
+    int (*getsockopt)(int, int, int, void *, socklen_t *);
+    int (*getsockname)(int, sockaddr *, socklen_t *);
+    int (*getpeername)(int, sockaddr *, socklen_t *);
+    int (*fcntl)(int, int, ...);
+    KernelPoll poll;
+};
+
+// RSTREAM_ENABLE, RSTREAM_PORT_OFFSET, RSTREAM_CONNECT_TIMEOUT_MS, RSTREAM_PORTS,
+// RSTREAM_EXCLUDE, RSTREAM_NEGATIVE_CACHE_MS.
+struct ShimConfig
+{
+    bool enabled = true;
+    int portOffset = 20000; // fabric listener port = app port + offset (wrapping above 65535)
+    int connectTimeoutMs = 2000;
+    int negativeCacheMs = 30000;
+    std::vector<std::pair<int, int>> ports; // port ranges to offload; empty: all
+    struct Net
+    {
+        int family;
+        uint8_t addr[16];
+        int prefix; // bits
+        int port;   // 0: any
+    };
+    std::vector<Net> exclude;
+
+    static ShimConfig fromEnv();
+    // The fabric port for an application port (0 if none).
+    int fabricPort(int port) const;
+    bool portAllowed(int port) const;
+    bool excluded(const sockaddr *addr) const;
+};
+
+// Process-wide counters for RSTREAM_STATS.
+struct ShimStats
+{
+    std::atomic<uint64_t> fabricConnections{0};
+    std::atomic<uint64_t> fallbackConnections{0};
+    std::atomic<uint64_t> fabricBytesSent{0};
+    std::atomic<uint64_t> fabricBytesReceived{0};
+    std::atomic<uint64_t> fabricListeners{0};
+};
+ShimStats &shimStats();
+// Whether this process has used the fabric (a fork child of such a process must not).
+bool engineUsed();
+// One JSON object with the counters (and those of the sockets still open, passed in).
+std::string shimStatsJson(uint64_t openBytesSent, uint64_t openBytesReceived);
+
+class HybridSocket : public Pollable
+{
+public:
+    enum class Mode
+    {
+        Undecided, // created; kernel answers everything until connect or listen decides
+        Fabric,    // connected over the fabric
+        Kernel,    // kernel TCP: the shim forwards everything to the kernel fd
+        Listener,  // listening on both: the kernel fd and a fabric listener
+        Inherited  // inherited across fork from a parent that owns the fabric connection
+    };
+
+    HybridSocket(int fd, int family, bool nonblocking, const KernelOps &kops,
+                 const ShimConfig &config);
+    ~HybridSocket() override;
+    HybridSocket(const HybridSocket &) = delete;
+    HybridSocket &operator=(const HybridSocket &) = delete;
+
+    int fd() const { return fd_; }
+    int family() const { return family_; }
+    Mode mode() const { return mode_.load(std::memory_order_acquire); }
+    // What O_NONBLOCK the application set (the kernel fd of a listener is always nonblocking).
+    bool nonblocking() const { return nonblock_.load(std::memory_order_relaxed); }
+    void setNonblocking(bool on);
+    // fcntl F_GETFL / F_SETFL as the application sees them (other commands: the kernel fd).
+    int getFlags();
+    int setFlags(int flags);
+
+    // The syscalls, with their contracts: 0, a count or a new fd, or -errno. Calls for a
+    // socket in Kernel mode may also be forwarded by the caller directly.
+    int bind(const sockaddr *addr, socklen_t len);
+    int listen(int backlog);
+    // A new fd: for a fabric connection *newSock is its HybridSocket (the caller installs it
+    // under the returned fd); for a kernel connection *newSock stays null.
+    int accept(sockaddr *addr, socklen_t *len, int flags, std::shared_ptr<HybridSocket> *newSock);
+    int connect(const sockaddr *addr, socklen_t len);
+    ssize_t send(const iovec *iov, int iovcnt, int flags);
+    ssize_t recv(const iovec *iov, int iovcnt, int flags);
+    int shutdown(int how);
+    int setsockopt(int level, int name, const void *val, socklen_t len);
+    int getsockopt(int level, int name, void *val, socklen_t *len);
+    int getsockname(sockaddr *addr, socklen_t *len);
+    int getpeername(sockaddr *addr, socklen_t *len);
+    int fionread(int *bytes);
+    // The application closes fd (this socket's own fd or a dup of it): called before the
+    // shim closes the kernel fd. The engine side is released when the last reference goes.
+    void onFdClosed(int fd);
+    // After fork, in the child: the fabric state belongs to the parent; operations fail with
+    // EIO and close never touches the parent's connection.
+    void markInherited();
+
+    // Pollable.
+    int pollEvents(int events) override;
+    int prepareWait(pollfd *fds, int max, int events) override;
+    std::shared_ptr<Connection> addWaiter(int eventFd) override;
+    uint64_t generation() override;
+    int kernelFd() override;
+
+    uint64_t bytesSent();
+    uint64_t bytesReceived();
+
+private:
+    struct Option
+    {
+        int level;
+        int name;
+        std::vector<uint8_t> value;
+    };
+
+    int connectFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out);
+    int kernelPollNow(int events);
+    void countFallbackIfEstablished();
+    int applyOptions(Socket &s);
+
+    const int fd_;
+    const int family_;
+    const KernelOps &k_;
+    const ShimConfig &config_;
+    std::atomic<Mode> mode_{Mode::Undecided};
+    std::atomic<bool> nonblock_{false};
+    std::atomic<uint64_t> kernelGen_{0};
+
+    std::mutex mutex_;
+    std::shared_ptr<Socket> sock_; // Fabric: the connection; Listener: the fabric listener
+    std::vector<Option> options_;  // set before the path was decided, replayed on it
+    sockaddr_storage bound_{};
+    socklen_t boundLen_ = 0;
+    sockaddr_storage peer_{}; // the address the application connected to
+    socklen_t peerLen_ = 0;
+    bool fallbackCounted_ = false;
+    bool accepted_ = false; // from a fabric listener
+    int appPort_ = 0;       // the application's listening port (fabric listeners use another)
+    bool noFabric_ = false; // inherited across fork: kernel TCP only
+    int rcvTimeoutMs_ = -1;
+    std::atomic<bool> acceptFabricFirst_{true};
+    std::atomic<uint64_t> sent_{0};
+    std::atomic<uint64_t> received_{0};
+};
+
+} // namespace rstream
