@@ -363,6 +363,7 @@ int Connection::connect(const sockaddr *addr, socklen_t len, bool nonblock)
         state_ = State::Connecting;
         connectStartNs_ = nowNs();
         connectDeadlineNs_ = connectStartNs_ + int64_t(settings_.connectTimeoutMs) * 1000000;
+        watch();
     }
     if (nonblock)
         return -EINPROGRESS;
@@ -764,8 +765,9 @@ void Connection::wakeSleepersLocked()
 
 bool Connection::needsBackgroundLocked() const
 {
-    // The accepting side must answer the peer even before the application looks at it.
-    if (state_ == State::Accepting && !error_)
+    // The accepting side must answer the peer even before the application looks at it, and
+    // a connect completes in the background as the kernel's does.
+    if ((state_ == State::Accepting || state_ == State::Connecting) && !error_)
         return true;
     if (error_ || closed_ || state_ != State::Connected)
         return closing_ && !closed_;

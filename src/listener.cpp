@@ -3,12 +3,14 @@
 
 #include "listener.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
 #include <poll.h>
 
 #include "log.h"
+#include "progress.h"
 #include "wire.h"
 
 namespace rstream {
@@ -17,6 +19,9 @@ Listener::Listener(const Settings &settings) : settings_(settings) {}
 
 Listener::~Listener()
 {
+    ProgressThread::instance().unwatchListener(this);
+    // Connections nobody accepted are reset, as the kernel resets them.
+    ready_.clear();
     if (pep_)
         fi_close(&pep_->fid);
     if (eq_)
@@ -57,11 +62,13 @@ int Listener::bind(const sockaddr *addr, socklen_t len)
     return 0;
 }
 
-int Listener::listen(int)
+int Listener::listen(int backlog)
 {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!pep_)
         return -EDESTADDRREQ;
+    // Linux queues backlog + 1 connections, capped by somaxconn.
+    backlog_ = static_cast<size_t>(std::clamp(backlog, 0, 4096)) + 1;
     if (listening_)
         return 0;
     int ret = fi_listen(pep_);
@@ -73,7 +80,27 @@ int Listener::listen(int)
     if (fi_getname(&pep_->fid, &addr_, &l) == 0)
         addrLen_ = static_cast<socklen_t>(l);
     listening_ = true;
+    ProgressThread::instance().watchListener(this);
     return 0;
+}
+
+void Listener::pumpLocked()
+{
+    while (ready_.size() < backlog_) {
+        std::unique_ptr<Connection> conn;
+        if (acceptOne(&conn) < 0)
+            break;
+        ready_.push_back(std::move(conn));
+    }
+}
+
+int Listener::backgroundAccept()
+{
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock() || !listening_)
+        return -1;
+    pumpLocked();
+    return ready_.size() < backlog_ ? waitFd_ : -1;
 }
 
 int Listener::acceptOne(std::unique_ptr<Connection> *out)
@@ -129,12 +156,15 @@ int Listener::accept(std::unique_ptr<Connection> *out, bool nonblock, int timeou
             std::lock_guard<std::mutex> lock(mutex_);
             if (!listening_)
                 return -EINVAL;
-            int ret = acceptOne(out);
-            if (ret != -EAGAIN)
-                return ret;
+            pumpLocked();
+            if (!ready_.empty()) {
+                *out = std::move(ready_.front());
+                ready_.pop_front();
+                return 0;
+            }
             if (nonblock)
                 return -EAGAIN;
-            if (arm() == -EAGAIN)
+            if (armLocked() == -EAGAIN)
                 continue;
         }
         int timeout = -1;
@@ -156,8 +186,18 @@ int Listener::accept(std::unique_ptr<Connection> *out, bool nonblock, int timeou
 
 int Listener::arm()
 {
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock())
+        return -EAGAIN; // somebody is accepting: look again
+    return armLocked();
+}
+
+int Listener::armLocked()
+{
     if (!eq_)
         return 0;
+    if (!ready_.empty())
+        return -EAGAIN;
     fid *fids[1] = {&eq_->fid};
     int ret = fi_trywait(domain_->fabric(), fids, 1);
     if (ret == -FI_EAGAIN)

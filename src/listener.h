@@ -2,6 +2,7 @@
 // A passive endpoint that accepts stream connections.
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <sys/socket.h>
@@ -39,8 +40,15 @@ public:
 
     int localAddress(sockaddr_storage *addr, socklen_t *len) const;
 
+    // For the progress thread: answers connection requests into the accept queue (up to the
+    // backlog) as the kernel completes handshakes before accept(). Returns the fd to poll for
+    // more, or -1 when the queue is full or the application holds the listener.
+    int backgroundAccept();
+
 private:
     int acceptOne(std::unique_ptr<Connection> *out);
+    void pumpLocked();
+    int armLocked();
 
     Settings settings_;
     std::shared_ptr<Domain> domain_;
@@ -52,6 +60,8 @@ private:
     sockaddr_storage addr_{};
     socklen_t addrLen_ = 0;
     bool listening_ = false;
+    size_t backlog_ = 1;
+    std::deque<std::unique_ptr<Connection>> ready_; // handshakes answered, not yet accepted
 };
 
 } // namespace rstream

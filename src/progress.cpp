@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "connection.h"
+#include "listener.h"
 #include "log.h"
 
 namespace rstream {
@@ -63,6 +64,27 @@ void ProgressThread::watch(Connection *conn)
     }
 }
 
+void ProgressThread::watchListener(Listener *listener)
+{
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        start();
+    }
+    std::lock_guard<std::mutex> lock(listenersMutex_);
+    if (std::find(listeners_.begin(), listeners_.end(), listener) == listeners_.end())
+        listeners_.push_back(listener);
+    uint64_t one = 1;
+    if (eventFd_ >= 0 && ::write(eventFd_, &one, sizeof(one)) < 0) {
+        // Already signalled.
+    }
+}
+
+void ProgressThread::unwatchListener(Listener *listener)
+{
+    std::lock_guard<std::mutex> lock(listenersMutex_);
+    std::erase(listeners_, listener);
+}
+
 void ProgressThread::unwatch(Connection *conn)
 {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -91,7 +113,12 @@ void ProgressThread::drain(int timeoutMs)
         if (now >= deadline || (ackDeadline && now >= *ackDeadline))
             return;
         {
-            std::lock_guard<std::mutex> lock(mutex_);
+            // exit() may run from a signal handler that interrupted a holder of mutex_.
+            std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+            if (!lock.owns_lock()) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                continue;
+            }
             if (adopted_.empty())
                 return;
             if (!ackDeadline && std::all_of(adopted_.begin(), adopted_.end(),
@@ -110,6 +137,15 @@ void ProgressThread::run()
         fds.clear();
         fds.push_back({eventFd_, POLLIN, 0});
         bool busy = false;
+        {
+            // Not under mutex_: answering a request creates a connection, which watch()es.
+            std::lock_guard<std::mutex> lock(listenersMutex_);
+            for (Listener *l : listeners_) {
+                int fd = l->backgroundAccept();
+                if (fd >= 0)
+                    fds.push_back({fd, POLLIN, 0});
+            }
+        }
         {
             std::lock_guard<std::mutex> lock(mutex_);
             for (size_t i = 0; i < watched_.size();) {

@@ -19,6 +19,7 @@
 namespace rstream {
 
 class Connection;
+class Listener;
 
 class ProgressThread
 {
@@ -31,6 +32,10 @@ public:
     void unwatch(Connection *conn);
     // Takes ownership of a closing connection and destroys it once its data is delivered.
     void adopt(std::unique_ptr<Connection> conn);
+    // A listening endpoint whose connection requests are answered in the background.
+    void watchListener(Listener *listener);
+    // Called from ~Listener: never touched again after this returns.
+    void unwatchListener(Listener *listener);
     // Waits up to timeoutMs for adopted connections to finish (used at exit).
     void drain(int timeoutMs);
 
@@ -41,6 +46,8 @@ private:
 
     std::mutex mutex_;
     std::vector<Connection *> watched_;
+    std::mutex listenersMutex_; // guards listeners_ and their use by the thread
+    std::vector<Listener *> listeners_;
     std::vector<std::unique_ptr<Connection>> adopted_;
     int eventFd_ = -1;
     bool started_ = false;

@@ -440,6 +440,8 @@ __attribute__((visibility("default"))) int repoll_ctl(int epfd, int op, int fd,
     return boundary([&]() -> int {
         auto set = epolls().get(epfd);
         auto s = resolve(fd);
+        if (!set && ::fcntl(epfd, F_GETFD) < 0)
+            return -EBADF; // the epoll fd is checked first, as Linux does
         if (!set) {
             if (s)
                 return -EINVAL; // a kernel epoll instance cannot watch an rsocket

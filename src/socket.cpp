@@ -10,8 +10,10 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <dlfcn.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -143,21 +145,22 @@ timeval timevalFromMs(int ms)
 }
 
 // Checks a local address the way bind(2) would and picks the port for port 0, with a probe
-// socket the kernel answers for. The fabric endpoint binds the address later (at listen or
-// connect); on the providers that share the kernel's port space this keeps errors at bind().
-int probeBind(int family, bool v6Only, const sockaddr *addr, socklen_t len, sockaddr_storage *bound,
-              socklen_t *boundLen)
+// socket the kernel answers for, which keeps holding the port until the fabric endpoint binds
+// it (at listen or connect). On the providers that share the kernel's port space this keeps
+// bind()'s errors at bind() and the port ours in between. Returns the probe fd.
+int probeBind(int family, bool v6Only, bool reuseAddr, const sockaddr *addr, socklen_t len,
+              sockaddr_storage *bound, socklen_t *boundLen)
 {
     int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -errno;
-    int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    int reuse = reuseAddr ? 1 : 0;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &reuse, sizeof(reuse));
     if (family == AF_INET6) {
         int v = v6Only ? 1 : 0;
         ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v, sizeof(v));
     }
-    int ret = 0;
+    int ret = fd;
     if (::bind(fd, addr, len) < 0) {
         ret = -errno;
     } else {
@@ -165,8 +168,42 @@ int probeBind(int family, bool v6Only, const sockaddr *addr, socklen_t len, sock
         if (::getsockname(fd, reinterpret_cast<sockaddr *>(bound), boundLen) < 0)
             ret = -errno;
     }
-    ::close(fd);
+    if (ret < 0)
+        ::close(fd);
     return ret;
+}
+
+// Whether an interrupted blocking call should restart, as the kernel does under SA_RESTART.
+// The signal that interrupted is unknown, so restart only when every signal with a handler
+// has SA_RESTART (signals without a handler never interrupt; they kill, stop or are ignored).
+bool signalsRestart()
+{
+    for (int sig = 1; sig < NSIG; sig++) {
+        if (sig == SIGKILL || sig == SIGSTOP)
+            continue;
+        struct sigaction sa;
+        if (sigaction(sig, nullptr, &sa) < 0)
+            continue;
+        if (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN)
+            continue;
+        // Faults are delivered to the faulting instruction, never to a sleeping call.
+        if (sig == SIGSEGV || sig == SIGBUS || sig == SIGILL || sig == SIGFPE || sig == SIGTRAP ||
+            sig == SIGSYS || sig == SIGABRT)
+            continue;
+        if (sa.sa_flags & SA_RESTART)
+            continue;
+        // Handlers a fabric library installed for itself (libinfinipath, loaded with
+        // libfabric's psm provider, takes SIGINT and SIGTERM) are not the program's.
+        Dl_info info;
+        void *fn = (sa.sa_flags & SA_SIGINFO) ? reinterpret_cast<void *>(sa.sa_sigaction)
+                                              : reinterpret_cast<void *>(sa.sa_handler);
+        if (dladdr(fn, &info) && info.dli_fname &&
+            (std::strstr(info.dli_fname, "libinfinipath") ||
+             std::strstr(info.dli_fname, "libpsm") || std::strstr(info.dli_fname, "libfabric")))
+            continue;
+        return false;
+    }
+    return true;
 }
 
 // Validates an address argument for a socket of family as Linux TCP does.
@@ -243,6 +280,15 @@ Socket::Socket(int family, const Settings &settings) : family_(family), settings
 Socket::~Socket()
 {
     close();
+    releaseProbe();
+}
+
+void Socket::releaseProbe()
+{
+    if (probeFd_ >= 0) {
+        ::close(probeFd_);
+        probeFd_ = -1;
+    }
 }
 
 void Socket::close()
@@ -314,11 +360,12 @@ int Socket::bind(const sockaddr *addr, socklen_t len)
         return -EINVAL;
     if (family_ == AF_INET6 && v6Only_ && isV4Mapped(addr))
         return -EADDRNOTAVAIL;
-    ret = probeBind(family_, v6Only_, addr, len, &bound_, &boundLen_);
+    ret = probeBind(family_, v6Only_, reuseAddr_, addr, len, &bound_, &boundLen_);
     if (ret < 0) {
         boundLen_ = 0;
         return ret;
     }
+    probeFd_ = ret;
     return 0;
 }
 
@@ -332,6 +379,7 @@ int Socket::listen(int backlog)
     Settings s;
     applySettings(&s);
     auto listener = std::make_shared<Listener>(s);
+    releaseProbe(); // the fabric endpoint takes the port over
     sockaddr_storage addr{};
     socklen_t len;
     if (boundLen_) {
@@ -370,7 +418,10 @@ int Socket::accept(std::shared_ptr<Socket> *out, sockaddr *addr, socklen_t *len)
         timeout = rcvTimeoutMs_;
     }
     std::unique_ptr<Connection> conn;
-    int ret = listener->accept(&conn, nonblocking(), nonblocking() ? 0 : timeout);
+    int ret;
+    do {
+        ret = listener->accept(&conn, nonblocking(), nonblocking() ? 0 : timeout);
+    } while (ret == -EINTR && timeout < 0 && signalsRestart());
     if (ret == -ETIMEDOUT)
         return -EAGAIN;
     if (ret < 0)
@@ -435,6 +486,12 @@ int Socket::connect(const sockaddr *addr, socklen_t len)
         refreshConnectLocked();
         switch (state_) {
         case State::Connected:
+            // The first connect after a nonblocking connect completed reports success.
+            if (connectPending_) {
+                connectPending_ = false;
+                return 0;
+            }
+            return -EISCONN;
         case State::Listening:
             return -EISCONN;
         case State::Connecting:
@@ -457,6 +514,7 @@ int Socket::connect(const sockaddr *addr, socklen_t len)
         applySettings(&s);
         auto c = std::shared_ptr<Connection>(new Connection(s), ConnectionCloser{});
         if (boundLen_) {
+            releaseProbe();
             sockaddr_storage local;
             socklen_t llen =
                 engineAddress(reinterpret_cast<sockaddr *>(&bound_), boundLen_, &local);
@@ -474,6 +532,7 @@ int Socket::connect(const sockaddr *addr, socklen_t len)
         sendRing_ = static_cast<uint32_t>(s.sendBuf);
         conn_ = c;
         setStateLocked(ret == 0 ? State::Connected : State::Connecting);
+        connectPending_ = ret == -EINPROGRESS && nonblocking();
         if (state_ == State::Connected || nonblocking())
             return ret;
         conn = c;
@@ -532,7 +591,10 @@ ssize_t Socket::send(const iovec *iov, int iovcnt, int flags)
             return -EPIPE;
     }
     int f = (nonblocking() || (flags & MSG_DONTWAIT)) ? kNonBlock : 0;
-    ssize_t r = conn->sendv(iov, iovcnt, f, f ? 0 : timeout);
+    ssize_t r;
+    do {
+        r = conn->sendv(iov, iovcnt, f, f ? 0 : timeout);
+    } while (r == -EINTR && timeout < 0 && signalsRestart());
     if (r == -ENOTCONN)
         r = -EAGAIN; // still connecting, nonblocking
     if (r == -ECONNRESET || r == -ETIMEDOUT) {
@@ -594,7 +656,36 @@ ssize_t Socket::recv(const iovec *iov, int iovcnt, int flags)
                 break;
         }
     } else {
-        r = conn->recvv(iov, iovcnt, f, f & kNonBlock ? 0 : timeout);
+        size_t total = 0;
+        for (int i = 0; i < iovcnt; i++)
+            total += iov[i].iov_len;
+        if (total == 0) {
+            // Linux waits for data even for an empty read, then returns 0.
+            for (;;) {
+                ssize_t p = conn->peekRecv();
+                if (p != -EAGAIN) {
+                    r = p < 0 ? p : 0;
+                    break;
+                }
+                if (f & kNonBlock) {
+                    r = -EAGAIN;
+                    break;
+                }
+                int w = conn->wait(kReadable, timeout);
+                if (w == 0) {
+                    r = -EAGAIN;
+                    break;
+                }
+                if (w == -EINTR && (timeout >= 0 || !signalsRestart())) {
+                    r = -EINTR;
+                    break;
+                }
+            }
+        } else {
+            do {
+                r = conn->recvv(iov, iovcnt, f, f & kNonBlock ? 0 : timeout);
+            } while (r == -EINTR && timeout < 0 && signalsRestart());
+        }
     }
     if (r == -ENOTCONN)
         r = -EAGAIN;

@@ -114,6 +114,7 @@ private:
     int reportError(int err);
     int applySettings(Settings *s);
     void refreshConnectLocked();
+    void releaseProbe();
     void setStateLocked(State s)
     {
         state_ = s;
@@ -132,8 +133,10 @@ private:
     bool errorReported_ = false; // the connection's error was returned once; then EOF/EPIPE
     bool failedConnect_ = false; // closed by a failed connect: reads see EOF
     bool shutWr_ = false;
-    uint32_t sendRing_ = 0; // the connection's send ring size, for POLLOUT
+    bool connectPending_ = false; // nonblocking connect not yet confirmed by a second connect
+    uint32_t sendRing_ = 0;       // the connection's send ring size, for POLLOUT
     uint64_t stateChanges_ = 0;
+    int probeFd_ = -1; // holds the bound port until the fabric endpoint binds it
     sockaddr_storage bound_{};
     socklen_t boundLen_ = 0;
 
