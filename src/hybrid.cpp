@@ -477,10 +477,10 @@ int HybridSocket::accept(sockaddr *addr, socklen_t *len, int flags,
             if (wait <= 0)
                 return -EAGAIN;
         }
-        pollfd fds[3] = {{fd_, POLLIN, 0}};
+        pollfd fds[4] = {{fd_, POLLIN, 0}};
         int n = 1;
         if (listener) {
-            int k = listener->prepareWait(fds + 1, 2, POLLIN);
+            int k = listener->prepareWait(fds + 1, 3, POLLIN);
             if (k == -EAGAIN)
                 continue;
             n += std::max(k, 0);
@@ -510,8 +510,8 @@ int HybridSocket::connectFabric(const sockaddr *addr, socklen_t len, std::shared
         int64_t left = deadline - nowMs();
         if (left <= 0)
             return -ETIMEDOUT;
-        pollfd fds[2];
-        int n = s->prepareWait(fds, 2, POLLOUT);
+        pollfd fds[4];
+        int n = s->prepareWait(fds, 4, POLLOUT);
         if (n == -EAGAIN)
             continue;
         int wait = static_cast<int>(std::min<int64_t>(left, 100));

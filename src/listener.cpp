@@ -8,6 +8,8 @@
 #include <cstring>
 #include <ctime>
 #include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "progress.h"
@@ -15,7 +17,10 @@
 
 namespace rstream {
 
-Listener::Listener(const Settings &settings) : settings_(settings) {}
+Listener::Listener(const Settings &settings) : settings_(settings)
+{
+    readyFd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+}
 
 Listener::~Listener()
 {
@@ -28,6 +33,8 @@ Listener::~Listener()
         fi_close(&eq_->fid);
     if (info_)
         fi_freeinfo(info_);
+    if (readyFd_ >= 0)
+        ::close(readyFd_);
 }
 
 int Listener::bind(const sockaddr *addr, socklen_t len)
@@ -91,6 +98,8 @@ void Listener::pumpLocked()
         if (acceptOne(&conn) < 0)
             break;
         ready_.push_back(std::move(conn));
+        if (ready_.size() == 1)
+            syncReadyFdLocked();
     }
 }
 
@@ -160,6 +169,7 @@ int Listener::accept(std::unique_ptr<Connection> *out, bool nonblock, int timeou
             if (!ready_.empty()) {
                 *out = std::move(ready_.front());
                 ready_.pop_front();
+                syncReadyFdLocked();
                 return 0;
             }
             if (nonblock)
@@ -177,8 +187,9 @@ int Listener::accept(std::unique_ptr<Connection> *out, bool nonblock, int timeou
                 return -ETIMEDOUT;
             timeout = static_cast<int>(timeoutMs - elapsed);
         }
-        pollfd pfd{waitFd_, POLLIN, 0};
-        int n = ::poll(&pfd, 1, timeout);
+        // The progress thread may answer the request first: its queue signals readyFd_.
+        pollfd pfd[2] = {{waitFd_, POLLIN, 0}, {readyFd_, POLLIN, 0}};
+        int n = ::poll(pfd, 2, timeout);
         if (n < 0 && errno == EINTR)
             return -EINTR;
     }
@@ -186,10 +197,36 @@ int Listener::accept(std::unique_ptr<Connection> *out, bool nonblock, int timeou
 
 int Listener::arm()
 {
-    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
-    if (!lock.owns_lock())
-        return -EAGAIN; // somebody is accepting: look again
+    std::lock_guard<std::mutex> lock(mutex_);
+    pumpLocked();
     return armLocked();
+}
+
+bool Listener::pending()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    pumpLocked();
+    return !ready_.empty();
+}
+
+void Listener::syncReadyFdLocked()
+{
+    // Readable exactly while connections wait in the queue.
+    uint64_t v;
+    if (ready_.empty()) {
+        if (::read(readyFd_, &v, sizeof(v)) < 0) {
+            // Already drained.
+        }
+    } else {
+        v = 1;
+        if (::read(readyFd_, &v, sizeof(v)) < 0) {
+            // Was not signalled.
+        }
+        v = 1;
+        if (::write(readyFd_, &v, sizeof(v)) < 0) {
+            // Cannot overflow at 1.
+        }
+    }
 }
 
 int Listener::armLocked()

@@ -33,10 +33,14 @@ public:
     // A new connection, or -EAGAIN (nonblocking) / -EINTR / -ETIMEDOUT (timeoutMs >= 0).
     int accept(std::unique_ptr<Connection> *out, bool nonblock = false, int timeoutMs = -1);
 
-    // Readable when a connection request is waiting.
+    // Pollers sleep on both: readyFd() is readable while answered connections wait in the
+    // accept queue (the progress thread may answer them), waitFd() when requests arrive.
     int waitFd() const { return waitFd_; }
-    // 0 when it is safe to sleep on waitFd(), -EAGAIN when a request is already pending.
+    int readyFd() const { return readyFd_; }
+    // 0 when it is safe to sleep on the two fds, -EAGAIN when a connection is already pending.
     int arm();
+    // Whether accept() would find a connection now.
+    bool pending();
 
     int localAddress(sockaddr_storage *addr, socklen_t *len) const;
 
@@ -48,6 +52,7 @@ public:
 private:
     int acceptOne(std::unique_ptr<Connection> *out);
     void pumpLocked();
+    void syncReadyFdLocked();
     int armLocked();
 
     Settings settings_;
@@ -56,6 +61,7 @@ private:
     fid_pep *pep_ = nullptr;
     fid_eq *eq_ = nullptr;
     int waitFd_ = -1;
+    int readyFd_ = -1;
     std::mutex mutex_;
     sockaddr_storage addr_{};
     socklen_t addrLen_ = 0;

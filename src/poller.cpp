@@ -225,8 +225,8 @@ int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socke
         for (auto &s : socks) {
             if (!s)
                 continue;
-            pollfd w[2];
-            int n = s->prepareWait(w, 2, POLLIN | POLLOUT);
+            pollfd w[4];
+            int n = s->prepareWait(w, 4, POLLIN | POLLOUT);
             if (n == -EAGAIN) {
                 pending = true;
                 break;
@@ -482,8 +482,8 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         sleepFds.push_back({wakeFd, POLLIN, 0});
         bool pending = false;
         for (auto &s : socks) {
-            pollfd w[2];
-            int k = s->prepareWait(w, 2, POLLIN | POLLOUT);
+            pollfd w[4];
+            int k = s->prepareWait(w, 4, POLLIN | POLLOUT);
             if (k == -EAGAIN) {
                 pending = true;
                 break;

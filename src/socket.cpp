@@ -1160,7 +1160,7 @@ int Socket::pollEvents(int events)
         reported = errorReported_;
     }
     if (listener)
-        return listener->arm() == -EAGAIN ? (POLLIN & events) : 0;
+        return listener->pending() ? (POLLIN & events) : 0;
     ssize_t r = conn->peekRecv();
     ssize_t s = conn->peekSend();
     if (reported || (r < 0 && r != -EAGAIN)) {
@@ -1193,10 +1193,11 @@ int Socket::prepareWait(pollfd *fds, int max, int)
         listener = listener_;
     }
     int n = 0;
-    if (listener && n < max) {
+    if (listener && n + 2 <= max) {
         if (listener->arm() == -EAGAIN)
             return -EAGAIN;
         fds[n++] = {listener->waitFd(), POLLIN, 0};
+        fds[n++] = {listener->readyFd(), POLLIN, 0};
     }
     if (conn && n < max) {
         if (conn->arm() == -EAGAIN)

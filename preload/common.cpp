@@ -1,0 +1,94 @@
+// SPDX-License-Identifier: MIT
+// The shim's process-wide state: the fd tables, the configuration and the error sink.
+
+#include <type_traits>
+
+#include "settings.h"
+#include "shim.h"
+
+namespace rstream::preload {
+
+static_assert(std::is_trivially_destructible_v<FdTable<HybridSocket>>,
+              "the fd tables must outlive every destructor and atexit handler");
+
+constinit FdTable<HybridSocket> gSockets;
+constinit FdTable<ShimEpoll> gEpolls;
+std::atomic<int> gMaxFd{-1};
+std::atomic<bool> gChildKernelOnly{false};
+
+bool installSocket(int fd, std::shared_ptr<HybridSocket> s)
+{
+    if (!gSockets.set(fd, std::move(s)))
+        return false;
+    int m = gMaxFd.load(std::memory_order_relaxed);
+    while (fd > m && !gMaxFd.compare_exchange_weak(m, fd, std::memory_order_relaxed)) {
+    }
+    return true;
+}
+
+void releaseFd(int fd)
+{
+    const int saved = errno;
+    if (auto s = gSockets.take(fd)) {
+        try {
+            NoCancel nc;
+            EngineCall ec;
+            s->onFdClosed(fd);
+            s.reset(); // the last reference may tear the engine side down: still inside
+        } catch (...) {
+            noteInternalError();
+        }
+    }
+    gEpolls.take(fd);
+    errno = saved;
+}
+
+const ShimConfig &shimConfig()
+{
+    // Leaked: sockets keep a reference to it until the process ends.
+    static const ShimConfig *config = new ShimConfig(ShimConfig::fromEnv());
+    return *config;
+}
+
+int spinUs()
+{
+    static std::atomic<int> us{-1};
+    int v = us.load(std::memory_order_relaxed);
+    if (v < 0) {
+        EngineCall ec;
+        v = static_cast<int>(Settings::fromEnv().pollUs);
+        us.store(v, std::memory_order_relaxed);
+    }
+    return v;
+}
+
+std::shared_ptr<HybridSocket> engineSocket(int fd, const void *ra)
+{
+    if (__builtin_expect(tDepth > 0 || !gSockets.has(fd), 1))
+        return nullptr;
+    if (internalAddress(ra))
+        return nullptr;
+    auto s = gSockets.get(fd);
+    if (!s || s->mode() == HybridSocket::Mode::Kernel)
+        return nullptr;
+    return s;
+}
+
+std::shared_ptr<Pollable> resolvePollable(int fd)
+{
+    if (!gSockets.has(fd))
+        return nullptr;
+    auto s = gSockets.get(fd);
+    if (!s || s->mode() == HybridSocket::Mode::Kernel)
+        return nullptr;
+    return s;
+}
+
+void noteInternalError()
+{
+    static std::atomic<bool> logged{false};
+    if (!logged.exchange(true))
+        RS_LOG(Error, "preload: internal error (reported to the application as EIO)");
+}
+
+} // namespace rstream::preload

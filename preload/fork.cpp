@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: MIT
+// Load-time setup, fork/vfork/daemon and the statistics file written at exit.
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "shim.h"
+
+using namespace rstream;
+using namespace rstream::preload;
+
+namespace {
+
+// Calls f once for every distinct socket in the table (dups share one object).
+template <class F>
+void forEachSocket(F &&f)
+{
+    std::vector<HybridSocket *> seen;
+    const int max = gMaxFd.load(std::memory_order_acquire);
+    for (int fd = 0; fd <= max; fd++) {
+        if (!gSockets.has(fd))
+            continue;
+        auto s = gSockets.get(fd);
+        if (!s || std::find(seen.begin(), seen.end(), s.get()) != seen.end())
+            continue;
+        seen.push_back(s.get());
+        f(*s);
+    }
+}
+
+// ---- fork -------------------------------------------------------------------------------------
+
+void inChild()
+{
+    bool used = false;
+    try {
+        EngineCall ec;
+        used = engineUsed();
+        // The fabric connections belong to the parent; the child's copies of the fds only
+        // report EIO and never tear the parent's connections down.
+        forEachSocket([](HybridSocket &s) { s.markInherited(); });
+    } catch (...) {
+        noteInternalError();
+    }
+    // The engine's threads did not survive the fork: new sockets stay on kernel TCP.
+    if (used)
+        gChildKernelOnly.store(true, std::memory_order_relaxed);
+}
+
+// ---- Statistics -------------------------------------------------------------------------------
+
+// RSTREAM_STATS as it was at load (the program may change its environment later).
+char gStatsPath[4096];
+
+std::string statsPath()
+{
+    std::string p;
+    for (const char *c = gStatsPath; *c; c++) {
+        if (c[0] == '%' && c[1] == 'p') {
+            p += std::to_string(getpid());
+            c++;
+        } else {
+            p += *c;
+        }
+    }
+    return p;
+}
+
+void writeStats()
+{
+    try {
+        EngineCall ec;
+        uint64_t sent = 0;
+        uint64_t received = 0;
+        forEachSocket([&](HybridSocket &s) {
+            sent += s.bytesSent();
+            received += s.bytesReceived();
+        });
+        const std::string json = shimStatsJson(sent, received) + "\n";
+        const std::string path = statsPath();
+        int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0) {
+            RS_LOG(Warn, "preload: cannot write statistics to %s: %s", path.c_str(),
+                   strerror(errno));
+            return;
+        }
+        size_t done = 0;
+        while (done < json.size()) {
+            ssize_t w = real_write()(fd, json.data() + done, json.size() - done);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0)
+                break;
+            done += static_cast<size_t>(w);
+        }
+        real_close()(fd);
+    } catch (...) {
+        noteInternalError();
+    }
+}
+
+// ---- Load -------------------------------------------------------------------------------------
+
+__attribute__((constructor)) void preloadInit()
+{
+    // Before libfabric's verbs provider initializes (it does so on first use, after this): the
+    // verbs memory registrations stay valid across the program's forks.
+    setenv("RDMAV_FORK_SAFE", "1", 0);
+    resolveAllReal();
+    initFdLimit();
+    const char *stats = getenv("RSTREAM_STATS");
+    if (stats && *stats && strlen(stats) < sizeof(gStatsPath)) {
+        strcpy(gStatsPath, stats);
+        // Inherited by fork and daemon() children, which write their own file (%p).
+        atexit(writeStats);
+    }
+    pthread_atfork(nullptr, nullptr, inChild);
+}
+
+} // namespace
+
+RS_EXPORT pid_t fork(void) noexcept
+{
+    return real_fork()(); // the atfork handlers above do the work
+}
+
+// A vfork child would run the shim's code on the parent's stack and in its memory: a real fork
+// instead, which is what vfork is allowed to be.
+RS_EXPORT pid_t vfork(void) noexcept
+{
+    return real_fork()();
+}
+
+// glibc's daemon forks through fork's atfork handlers; the child carries on as the daemon.
+RS_EXPORT int daemon(int nochdir, int noclose) noexcept
+{
+    return real_daemon()(nochdir, noclose);
+}

@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: MIT
+// The real libc functions behind the interposers, found lazily with dlsym(RTLD_NEXT).
+
+#include <cstdarg>
+#include <cstdlib>
+#include <cstring>
+#include <dlfcn.h>
+#include <sys/syscall.h>
+
+#include "shim.h"
+
+namespace rstream::preload {
+
+namespace {
+
+// Writes with the raw syscall: the real write may be the one that is missing.
+void complain(const char *name)
+{
+    const char head[] = "librstream_preload.so: libc lacks ";
+    const char tail[] = "; aborting\n";
+    long r = syscall(SYS_write, STDERR_FILENO, head, sizeof(head) - 1);
+    r = syscall(SYS_write, STDERR_FILENO, name, strlen(name));
+    r = syscall(SYS_write, STDERR_FILENO, tail, sizeof(tail) - 1);
+    (void)r;
+}
+
+int realPpoll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigset_t *mask)
+{
+    return real_ppoll()(fds, nfds, timeout, mask);
+}
+
+int realEpollWait(int epfd, epoll_event *events, int maxevents, int timeout)
+{
+    return real_epoll_wait()(epfd, events, maxevents, timeout);
+}
+
+int realEpollCtl(int epfd, int op, int fd, epoll_event *event)
+{
+    return real_epoll_ctl()(epfd, op, fd, event);
+}
+
+// Thin trampolines: they resolve on first use, so the tables below are constant-initialized
+// and valid before any constructor has run.
+int kSocket(int d, int t, int p)
+{
+    return real_socket()(d, t, p);
+}
+int kBind(int fd, const sockaddr *a, socklen_t l)
+{
+    return real_bind()(fd, a, l);
+}
+int kListen(int fd, int b)
+{
+    return real_listen()(fd, b);
+}
+int kAccept4(int fd, sockaddr *a, socklen_t *l, int f)
+{
+    return real_accept4()(fd, a, l, f);
+}
+int kConnect(int fd, const sockaddr *a, socklen_t l)
+{
+    return real_connect()(fd, a, l);
+}
+int kClose(int fd)
+{
+    return real_close()(fd);
+}
+int kShutdown(int fd, int how)
+{
+    return real_shutdown()(fd, how);
+}
+int kSetsockopt(int fd, int level, int name, const void *v, socklen_t l)
+{
+    return real_setsockopt()(fd, level, name, v, l);
+}
+int kGetsockopt(int fd, int level, int name, void *v, socklen_t *l)
+{
+    return real_getsockopt()(fd, level, name, v, l);
+}
+int kGetsockname(int fd, sockaddr *a, socklen_t *l)
+{
+    return real_getsockname()(fd, a, l);
+}
+int kGetpeername(int fd, sockaddr *a, socklen_t *l)
+{
+    return real_getpeername()(fd, a, l);
+}
+int kFcntl(int fd, int cmd, ...)
+{
+    // As glibc's own fcntl: the third argument, when there is one, is read as a pointer-sized
+    // value (an int or a pointer both travel in one register).
+    va_list ap;
+    va_start(ap, cmd);
+    void *arg = va_arg(ap, void *);
+    va_end(ap);
+    return real_fcntl()(fd, cmd, arg);
+}
+
+constexpr KernelPoll gKernelPoll{realPpoll, realEpollWait, realEpollCtl};
+constexpr KernelOps gKernelOps{kSocket,      kBind,     kListen,     kAccept4,    kConnect,
+                               kClose,       kShutdown, kSetsockopt, kGetsockopt, kGetsockname,
+                               kGetpeername, kFcntl,    gKernelPoll};
+
+} // namespace
+
+void *resolveReal(std::atomic<void *> &slot, const char *name, const char *fallback)
+{
+    void *p = dlsym(RTLD_NEXT, name);
+    if (!p && fallback)
+        p = dlsym(RTLD_NEXT, fallback);
+    if (!p) {
+        complain(name);
+        abort();
+    }
+    slot.store(p, std::memory_order_release);
+    return p;
+}
+
+void resolveAllReal()
+{
+#define RS_RESOLVE(name, fallback) (void)real_##name();
+    RS_REAL_LIST(RS_RESOLVE)
+#undef RS_RESOLVE
+}
+
+const KernelOps &kernelOps()
+{
+    return gKernelOps;
+}
+
+const KernelPoll &kernelPoll()
+{
+    return gKernelPoll;
+}
+
+} // namespace rstream::preload

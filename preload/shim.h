@@ -1,0 +1,250 @@
+// SPDX-License-Identifier: MIT
+// Shared state of librstream_preload.so: real libc functions, fd tables, internal-call checks.
+#pragma once
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstddef>
+#include <cstdint>
+#include <cxxabi.h>
+#include <fcntl.h>
+#include <memory>
+#include <new>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/select.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "fdtable.h"
+#include "hybrid.h"
+#include "log.h"
+#include "poller.h"
+
+// Exported entry points; everything else in the module is hidden (-fvisibility=hidden).
+#define RS_EXPORT extern "C" __attribute__((visibility("default")))
+// In an exported function: the return address into whoever called it.
+#define RS_CALLER() __builtin_return_address(0)
+
+// The fortified variants glibc's headers route to under _FORTIFY_SOURCE (declared here because
+// the module is built without it, so the headers do not declare them).
+extern "C" {
+ssize_t __read_chk(int fd, void *buf, size_t nbytes, size_t buflen);
+ssize_t __recv_chk(int fd, void *buf, size_t len, size_t buflen, int flags);
+ssize_t __recvfrom_chk(int fd, void *buf, size_t len, size_t buflen, int flags, sockaddr *from,
+                       socklen_t *fromlen);
+int __poll_chk(pollfd *fds, nfds_t nfds, int timeout, size_t fdslen);
+int __ppoll_chk(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigset_t *ss,
+                size_t fdslen);
+[[noreturn]] void __chk_fail(void);
+}
+
+namespace rstream::preload {
+
+// ---- Real functions -------------------------------------------------------------------------
+
+// Looks name up with dlsym(RTLD_NEXT) (fallback: a second name, for fcntl64/sendfile64 on a
+// libc without them) and stores it in slot. Aborts with a message when libc lacks both.
+void *resolveReal(std::atomic<void *> &slot, const char *name, const char *fallback);
+
+// The lookups are lazy and lock-free: calls arrive before our constructor runs (from other
+// libraries' constructors), and two threads racing to resolve store the same pointer.
+#define RS_REAL_FN(name, fallback)                                                                 \
+    inline std::atomic<void *> gReal_##name{nullptr};                                              \
+    inline decltype(&::name) real_##name()                                                         \
+    {                                                                                              \
+        void *p = gReal_##name.load(std::memory_order_acquire);                                    \
+        if (__builtin_expect(p == nullptr, 0))                                                     \
+            p = resolveReal(gReal_##name, #name, fallback);                                        \
+        return reinterpret_cast<decltype(&::name)>(p);                                             \
+    }
+
+#define RS_REAL_LIST(X)                                                                            \
+    X(socket, nullptr)                                                                             \
+    X(socketpair, nullptr)                                                                         \
+    X(bind, nullptr)                                                                               \
+    X(listen, nullptr)                                                                             \
+    X(accept, nullptr)                                                                             \
+    X(accept4, nullptr)                                                                            \
+    X(connect, nullptr)                                                                            \
+    X(send, nullptr)                                                                               \
+    X(sendto, nullptr)                                                                             \
+    X(sendmsg, nullptr)                                                                            \
+    X(sendmmsg, nullptr)                                                                           \
+    X(recv, nullptr)                                                                               \
+    X(recvfrom, nullptr)                                                                           \
+    X(recvmsg, nullptr)                                                                            \
+    X(recvmmsg, nullptr)                                                                           \
+    X(read, nullptr)                                                                               \
+    X(readv, nullptr)                                                                              \
+    X(write, nullptr)                                                                              \
+    X(writev, nullptr)                                                                             \
+    X(sendfile, nullptr)                                                                           \
+    X(sendfile64, "sendfile")                                                                      \
+    X(close, nullptr)                                                                              \
+    X(shutdown, nullptr)                                                                           \
+    X(dup, nullptr)                                                                                \
+    X(dup2, nullptr)                                                                               \
+    X(dup3, nullptr)                                                                               \
+    X(fcntl, nullptr)                                                                              \
+    X(fcntl64, "fcntl")                                                                            \
+    X(ioctl, nullptr)                                                                              \
+    X(getsockopt, nullptr)                                                                         \
+    X(setsockopt, nullptr)                                                                         \
+    X(getsockname, nullptr)                                                                        \
+    X(getpeername, nullptr)                                                                        \
+    X(poll, nullptr)                                                                               \
+    X(ppoll, nullptr)                                                                              \
+    X(select, nullptr)                                                                             \
+    X(pselect, nullptr)                                                                            \
+    X(epoll_create, nullptr)                                                                       \
+    X(epoll_create1, nullptr)                                                                      \
+    X(epoll_ctl, nullptr)                                                                          \
+    X(epoll_wait, nullptr)                                                                         \
+    X(epoll_pwait, nullptr)                                                                        \
+    X(eventfd, nullptr)                                                                            \
+    X(pipe, nullptr)                                                                               \
+    X(pipe2, nullptr)                                                                              \
+    X(fork, nullptr)                                                                               \
+    X(daemon, nullptr)                                                                             \
+    X(__read_chk, nullptr)                                                                         \
+    X(__recv_chk, nullptr)                                                                         \
+    X(__recvfrom_chk, nullptr)                                                                     \
+    X(__poll_chk, nullptr)                                                                         \
+    X(__ppoll_chk, nullptr)
+
+RS_REAL_LIST(RS_REAL_FN)
+
+// Resolves every real function now (from the constructor), so that later calls, maybe from a
+// signal handler, never run dlsym.
+void resolveAllReal();
+
+// The real functions in the engine's shape; the engine's kernel calls go through these.
+const KernelOps &kernelOps();
+const KernelPoll &kernelPoll();
+
+// ---- Tables ---------------------------------------------------------------------------------
+
+// An epoll instance of the program's, and whether an engine socket was ever added to it: until
+// then epoll_ctl and epoll_wait go straight to the kernel.
+struct ShimEpoll : EpollSet
+{
+    using EpollSet::EpollSet;
+    std::atomic<bool> engine{false};
+};
+
+// Constant-initialized and trivially destructible: usable before any constructor and after
+// every destructor (sockets still open at exit are never torn down).
+extern constinit FdTable<HybridSocket> gSockets;
+extern constinit FdTable<ShimEpoll> gEpolls;
+// Highest fd ever installed in gSockets: the bound for walks over the table (stats, fork).
+extern std::atomic<int> gMaxFd;
+
+// False when fd is beyond what the table tracks (the socket then stays on the kernel).
+bool installSocket(int fd, std::shared_ptr<HybridSocket> s);
+// The program closes fd (close, or dup2/dup3 onto it): forget what we had there.
+void releaseFd(int fd);
+// A new fd number came from the kernel through a path we see: any entry left at that number
+// by a close we did not see (close_range, a raw syscall) is stale and goes.
+inline void forgetStale(int fd)
+{
+    if (__builtin_expect(gSockets.has(fd) || gEpolls.has(fd), 0))
+        releaseFd(fd);
+}
+
+const ShimConfig &shimConfig();
+int spinUs();
+// The socket at fd when fd is ours, the caller (return address ra) is the program's and the
+// engine (not the kernel) may answer for it. Only fds in the table pay for the caller check.
+std::shared_ptr<HybridSocket> engineSocket(int fd, const void *ra);
+// Whether a mode carries data through the engine (else the kernel fd answers).
+inline bool dataMode(HybridSocket::Mode m)
+{
+    return m == HybridSocket::Mode::Fabric || m == HybridSocket::Mode::Inherited;
+}
+std::shared_ptr<Pollable> resolvePollable(int fd);
+
+// ---- Internal calls -------------------------------------------------------------------------
+
+// Depth of calls into src/ on this thread: sockets and polls the engine and libfabric make from
+// inside them go straight to the kernel. initial-exec: no __tls_get_addr (which may allocate)
+// on the fast path of every interposer.
+extern constinit thread_local int tDepth __attribute__((tls_model("initial-exec")));
+
+class EngineCall
+{
+public:
+    EngineCall() { ++tDepth; }
+    ~EngineCall() { --tDepth; }
+    EngineCall(const EngineCall &) = delete;
+    EngineCall &operator=(const EngineCall &) = delete;
+};
+
+// Whether code at this return address belongs to the shim, libfabric, its providers or the
+// verbs libraries (threads they start never pass through an EngineCall).
+bool internalAddress(const void *ra);
+inline bool internalCall(const void *ra)
+{
+    return tDepth > 0 || internalAddress(ra);
+}
+
+// Moves an fd an internal caller created above the range the application uses (see
+// internal.cpp for how RLIMIT_NOFILE is handled); returns the fd to use.
+int moveHigh(int fd);
+void initFdLimit();
+
+// Set in a fork child whose parent had used the engine: its new sockets stay on kernel TCP.
+extern std::atomic<bool> gChildKernelOnly;
+
+// ---- The C boundary -------------------------------------------------------------------------
+
+void noteInternalError();
+
+// Runs f (which returns a count or -errno) and converts -errno to -1/errno, once. Nothing but
+// a thread cancellation's forced unwind leaves as an exception. errno is left as the caller had
+// it on success, as a syscall leaves it.
+template <class F>
+auto boundary(F &&f) -> decltype(f())
+{
+    const int saved = errno;
+    try {
+        auto r = f();
+        if (r < 0) {
+            errno = static_cast<int>(-r);
+            return -1;
+        }
+        errno = saved;
+        return r;
+    } catch (abi::__forced_unwind &) {
+        throw;
+    } catch (const std::bad_alloc &) {
+        errno = ENOMEM;
+        return -1;
+    } catch (...) {
+        noteInternalError();
+        errno = EIO;
+        return -1;
+    }
+}
+
+// Cancellation off for engine calls made from interposers glibc declares noexcept: a forced
+// unwind out of them would call std::terminate.
+class NoCancel
+{
+public:
+    NoCancel() { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old_); }
+    ~NoCancel() { pthread_setcancelstate(old_, nullptr); }
+    NoCancel(const NoCancel &) = delete;
+    NoCancel &operator=(const NoCancel &) = delete;
+
+private:
+    int old_ = PTHREAD_CANCEL_ENABLE;
+};
+
+} // namespace rstream::preload
