@@ -607,6 +607,7 @@ void Connection::handleWordLocked(uint32_t word)
             failLocked(-ECONNRESET, "reset by peer");
             break;
         case wire::Ctrl::Keepalive:
+        case wire::Ctrl::KeepaliveAck:
             break;
         }
         break;
