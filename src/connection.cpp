@@ -867,6 +867,7 @@ int Connection::backgroundProgress(bool *closedDone)
     if (needsBackgroundLocked())
         return kProgressMore;
     watched_ = false;
+    (void)armLocked(); // resets the wait fd's signal: the passive set need not look at it
     return kProgressDone;
 }
 

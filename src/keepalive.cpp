@@ -123,6 +123,9 @@ bool Connection::passiveProgress(bool *watch)
     if (!lock.owns_lock())
         return true; // the application is making progress itself
     progressLocked();
+    // Resets the wait set's signal when nothing is pending, or the fd would stay readable and
+    // bring the connection back every round. Sleepers were woken by progressLocked() already.
+    (void)armLocked();
     if (!watched_ && needsBackgroundLocked()) {
         watched_ = true;
         *watch = true;

@@ -48,9 +48,18 @@ ProgressThread::ProgressThread()
         RS_LOG(Error, "progress thread: epoll_create1 failed");
     // A fork child has no progress thread, and shares the parent's epoll set: it must neither
     // add its connections to that set nor believe a thread serves them.
-    pthread_atfork([] { ProgressThread::instance().mutex_.lock(); },
-                   [] { ProgressThread::instance().mutex_.unlock(); },
-                   [] { ProgressThread::instance().afterFork(); });
+    pthread_atfork(
+        [] {
+            ProgressThread &t = ProgressThread::instance();
+            t.mutex_.lock();
+            t.pendingMutex_.lock();
+        },
+        [] {
+            ProgressThread &t = ProgressThread::instance();
+            t.pendingMutex_.unlock();
+            t.mutex_.unlock();
+        },
+        [] { ProgressThread::instance().afterFork(); });
 }
 
 void ProgressThread::afterFork()
@@ -72,6 +81,7 @@ void ProgressThread::afterFork()
         ::close(eventFd_);
     eventFd_ = -1;
     started_.store(false, std::memory_order_release);
+    pendingMutex_.unlock();
     mutex_.unlock();
 }
 
@@ -199,15 +209,20 @@ void ProgressThread::runTimersLocked(int64_t now)
 
 void ProgressThread::runPassiveLocked()
 {
+    // Everything ready now, in batches: a round is rare, a backlog should not span several.
     epoll_event events[256];
-    int n = ::epoll_wait(epollFd_, events, 256, 0);
-    for (int i = 0; i < n; i++) {
-        auto *c = static_cast<Connection *>(events[i].data.ptr);
-        bool watch = false;
-        if (!c->passiveProgress(&watch))
-            ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, c->waitFd(), nullptr);
-        if (watch && std::find(watched_.begin(), watched_.end(), c) == watched_.end())
-            watched_.push_back(c);
+    for (int batch = 0; batch < 16; batch++) {
+        int n = ::epoll_wait(epollFd_, events, 256, 0);
+        for (int i = 0; i < n; i++) {
+            auto *c = static_cast<Connection *>(events[i].data.ptr);
+            bool watch = false;
+            if (!c->passiveProgress(&watch))
+                ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, c->waitFd(), nullptr);
+            if (watch && std::find(watched_.begin(), watched_.end(), c) == watched_.end())
+                watched_.push_back(c);
+        }
+        if (n < 256)
+            break;
     }
 }
 
