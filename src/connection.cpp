@@ -119,14 +119,15 @@ Connection::Connection(const Settings &settings) : settings_(settings) {}
 
 Connection::~Connection()
 {
-    bool watched;
+    bool known;
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        watched = watched_;
+        known = watched_ || waitFd_ >= 0;
         watched_ = false;
     }
-    if (watched)
-        ProgressThread::instance().unwatch(this);
+    // Lists, timers and the passive set of the progress thread may all name this connection.
+    if (known)
+        ProgressThread::instance().forget(this, waitFd_);
     if (ep_) {
         if (!closed_ && (state_ == State::Connected || state_ == State::Accepting ||
                          state_ == State::Connecting))
@@ -354,6 +355,12 @@ int Connection::connect(const sockaddr *addr, socklen_t len, bool nonblock)
         peerLen_ = len;
         uint8_t hello[wire::kHelloSize];
         wire::encodeHello(localHello(), hello);
+        ret = checkCmDataSize();
+        if (ret < 0) {
+            state_ = State::Closed;
+            error_ = ret;
+            return ret;
+        }
         ret = fi_connect(ep_, info_->dest_addr, hello, sizeof(hello));
         if (ret) {
             state_ = State::Closed;
@@ -364,6 +371,9 @@ int Connection::connect(const sockaddr *addr, socklen_t len, bool nonblock)
         connectStartNs_ = nowNs();
         connectDeadlineNs_ = connectStartNs_ + int64_t(settings_.connectTimeoutMs) * 1000000;
         watch();
+        // The deadline holds even when nobody calls: a nonblocking connect is failed by the
+        // progress thread, which wakes the application's pollers.
+        ProgressThread::instance().schedule(this, connectDeadlineNs_);
     }
     if (nonblock)
         return -EINPROGRESS;
@@ -375,6 +385,26 @@ int Connection::connect(const sockaddr *addr, socklen_t len, bool nonblock)
         if (r < 0)
             return r;
     }
+}
+
+int Connection::checkCmDataSize()
+{
+    // The hello travels as CM private data, whose size the provider bounds (verbs: 56 bytes in
+    // a connection request); one that does not fit would be truncated or refused by the peer.
+    size_t max = 0;
+    size_t len = sizeof(max);
+    int ret = fi_getopt(&ep_->fid, FI_OPT_ENDPOINT, FI_OPT_CM_DATA_SIZE, &max, &len);
+    if (ret) {
+        RS_LOG(Debug, "provider does not report its CM data size (%s): trying", fi_strerror(-ret));
+        return 0;
+    }
+    if (max < wire::kHelloSize) {
+        RS_LOG(Error,
+               "provider %s carries %zu bytes of connection data, the rstream hello needs %zu",
+               domain_->caps().name.c_str(), max, wire::kHelloSize);
+        return -EMSGSIZE;
+    }
+    return 0;
 }
 
 int Connection::connectResult()
@@ -406,8 +436,20 @@ void Connection::progressLocked()
     if (state_ == State::Connected && !error_) {
         flushLocked(false);
         sendCreditsLocked();
+        if (kaAckOwed_ && !closed_ &&
+            sendWordLocked(wire::encodeCtrl(wire::Ctrl::KeepaliveAck)) == 0)
+            kaAckOwed_ = false;
     }
-    if (state_ == State::Connecting && nowNs() >= connectDeadlineNs_)
+    if (rxSeen_) {
+        // Only keepalive needs the time of arrival: no clock read otherwise.
+        rxSeen_ = false;
+        if (kaOn_) {
+            lastRxNs_ = nowNs();
+            kaUnanswered_ = 0;
+        }
+    }
+    if ((state_ == State::Connecting || (state_ == State::Accepting && !error_)) &&
+        nowNs() >= connectDeadlineNs_)
         failLocked(-ETIMEDOUT, "connect timed out");
     wakeSleepersLocked();
 }
@@ -426,12 +468,16 @@ void Connection::processEqLocked()
             if (fi_eq_readerr(eq_, &err, 0) < 0)
                 return;
             changed_ = true;
-            if (state_ == State::Connecting)
-                failLocked(err.err == FI_ECONNREFUSED ? -ECONNREFUSED
-                           : err.err == FI_ETIMEDOUT  ? -ETIMEDOUT
-                                                      : -ECONNREFUSED,
+            if (state_ == State::Connecting) {
+                // What the kernel said about the peer's address carries over, as connect(2)
+                // reports it; anything else is a refusal.
+                int e = err.err;
+                failLocked(e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH ||
+                                   e == EHOSTDOWN || e == ENETDOWN
+                               ? -e
+                               : -ECONNREFUSED,
                            "connect failed");
-            else if (!closed_ && !peerClosed_)
+            } else if (!closed_ && !peerClosed_)
                 failLocked(-ECONNRESET, "endpoint error");
             else
                 peerGone_ = true;
@@ -470,6 +516,14 @@ void Connection::processEqLocked()
                 size_t l = sizeof(localAddr_);
                 if (fi_getname(&ep_->fid, &localAddr_, &l) == 0)
                     localLen_ = static_cast<socklen_t>(l);
+            }
+            if (state_ == State::Connected && !passive_) {
+                passive_ = true;
+                ProgressThread::instance().addPassive(this, waitFd_);
+                if (kaOn_) {
+                    lastRxNs_ = nowNs();
+                    ProgressThread::instance().schedule(this, lastRxNs_);
+                }
             }
         } else if (event == FI_SHUTDOWN) {
             // Everything the peer sent before it went is already in the CQ.
@@ -556,6 +610,7 @@ void Connection::handleWordLocked(uint32_t word)
         return;
     }
     changed_ = true;
+    rxSeen_ = true;
     local_.onSlotReposted();
     switch (m->op) {
     case wire::Op::Data: {
@@ -608,7 +663,10 @@ void Connection::handleWordLocked(uint32_t word)
             failLocked(-ECONNRESET, "reset by peer");
             break;
         case wire::Ctrl::Keepalive:
+            kaAckOwed_ = true; // sent by progressLocked(), with credit permitting
             break;
+        case wire::Ctrl::KeepaliveAck:
+            break; // any word is an answer: rxSeen_
         }
         break;
     }
@@ -772,7 +830,7 @@ bool Connection::needsBackgroundLocked() const
     if (error_ || closed_ || state_ != State::Connected)
         return closing_ && !closed_;
     return tx_.unsent() > 0 || tx_.inFlight() > 0 || txNext_ != txHead_ || local_.due() ||
-           (shutWr_ && !shutWrSent_) || closing_;
+           (shutWr_ && !shutWrSent_) || closing_ || kaAckOwed_;
 }
 
 void Connection::watch()
@@ -812,6 +870,7 @@ int Connection::backgroundProgress(bool *closedDone)
     if (needsBackgroundLocked())
         return kProgressMore;
     watched_ = false;
+    (void)armLocked(); // resets the wait fd's signal: the passive set need not look at it
     return kProgressDone;
 }
 
@@ -916,6 +975,8 @@ Connection::Info Connection::info()
     i.sendBuf = static_cast<uint32_t>(tx_.size);
     i.recvBuf = static_cast<uint32_t>(rx_.size);
     i.unackedBytes = static_cast<uint32_t>(tx_.unsent() + tx_.inFlight());
+    i.probes = kaUnanswered_;
+    i.probesSent = kaSent_;
     return i;
 }
 
@@ -1218,11 +1279,16 @@ int Connection::startAccept(fi_info *connreq, const wire::Hello &peer)
     }
     uint8_t hello[wire::kHelloSize];
     wire::encodeHello(localHello(), hello);
+    ret = checkCmDataSize();
+    if (ret < 0)
+        return ret;
     connectStartNs_ = nowNs();
     ret = fi_accept(ep_, hello, sizeof(hello));
     if (ret)
         return fiErr(ret);
     state_ = State::Accepting;
+    // A peer that never completes the handshake must not be progressed forever.
+    connectDeadlineNs_ = connectStartNs_ + int64_t(settings_.connectTimeoutMs) * 1000000;
     watch();
     return 0;
 }

@@ -101,6 +101,15 @@ public:
     // Counts progress that changed what waiters wait for (for edge-triggered epoll).
     uint64_t eventCount() const { return events_.load(std::memory_order_relaxed); }
 
+    // SO_KEEPALIVE with TCP_KEEPIDLE, TCP_KEEPINTVL and TCP_KEEPCNT in one call: once nothing
+    // has arrived for idleSec seconds, a probe goes every intervalSec seconds; the peer's engine
+    // answers it, and any word from the peer counts as an answer. After count unanswered probes
+    // the connection fails with -ETIMEDOUT. A value of 0 keeps the current one (initially
+    // 7200/75/9, as on Linux); -EINVAL when out of Linux's ranges (1..32767, 1..32767, 1..127).
+    // May be called before connect(); the timer starts once connected.
+    int setKeepalive(bool on, int idleSec = 0, int intervalSec = 0, int count = 0);
+    void keepalive(bool *on, int *idleSec, int *intervalSec, int *count) const;
+
     // What TCP_INFO reports.
     struct Info
     {
@@ -115,6 +124,8 @@ public:
         uint32_t sendBuf = 0;
         uint32_t recvBuf = 0;
         uint32_t unackedBytes = 0; // queued or in flight towards the peer
+        uint32_t probes = 0;       // keepalive probes sent and not answered yet
+        uint64_t probesSent = 0;   // keepalive probes sent in all
     };
     Info info();
 
@@ -140,6 +151,13 @@ public:
     int backgroundProgress(bool *closedDone);
     // For the progress thread at exit: a closing connection has handed everything over.
     bool closeDelivered() const { return delivered_.load(std::memory_order_acquire); }
+    // For the progress thread's timer: connection deadlines and keepalive. Returns the next
+    // deadline (0: none). *watch: the connection now has background work and is marked watched.
+    int64_t timerTick(int64_t nowNs, bool *watch);
+    // For the progress thread when the wait fd of a connection in its passive set is readable
+    // (the application may be making no calls): answers what arrived. false: it is finished
+    // (failed or shut down) and leaves the passive set.
+    bool passiveProgress(bool *watch);
 
 private:
     friend class Listener;
@@ -191,6 +209,8 @@ private:
     ssize_t recvLocked(const iovec *iov, int iovcnt, int flags);
 
     int waitFor(int events, int64_t deadlineNs);
+    int64_t keepaliveLocked(int64_t now);
+    int checkCmDataSize();
 
     Settings settings_;
     std::shared_ptr<Domain> domain_;
@@ -236,6 +256,19 @@ private:
     bool changed_ = false;      // progress changed what waiters may be waiting for
     sockaddr_storage bindAddr_{};
     socklen_t bindLen_ = 0;
+    bool passive_ = false; // in the progress thread's passive set
+
+    // Keepalive (TCP's defaults).
+    bool kaOn_ = false;
+    int kaIdle_ = 7200;
+    int kaInterval_ = 75;
+    int kaCount_ = 9;
+    bool rxSeen_ = false;     // a word arrived since lastRxNs_ was taken
+    bool kaAckOwed_ = false;  // the peer probed; KEEPALIVE_ACK not sent yet
+    int64_t lastRxNs_ = 0;    // when a word last arrived (with keepalive on)
+    int64_t lastProbeNs_ = 0; // when the last probe went
+    uint32_t kaUnanswered_ = 0;
+    uint64_t kaSent_ = 0;
 
     SendRing tx_;
     RecvRing rx_;

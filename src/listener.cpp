@@ -109,7 +109,12 @@ int Listener::backgroundAccept()
     if (!lock.owns_lock() || !listening_)
         return -1;
     pumpLocked();
-    return ready_.size() < backlog_ ? waitFd_ : -1;
+    if (ready_.size() >= backlog_)
+        return -1;
+    // The wait fd stays readable after the EQ was read until fi_trywait re-arms it.
+    fid *fids[1] = {&eq_->fid};
+    fi_trywait(domain_->fabric(), fids, 1);
+    return waitFd_;
 }
 
 int Listener::acceptOne(std::unique_ptr<Connection> *out)

@@ -5,11 +5,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <optional>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <thread>
 #include <unistd.h>
@@ -27,11 +31,68 @@ ProgressThread &ProgressThread::instance()
     return *thread;
 }
 
-ProgressThread::ProgressThread() = default;
+namespace {
+
+int64_t nowNs()
+{
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+} // namespace
+
+ProgressThread::ProgressThread()
+{
+    epollFd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    if (epollFd_ < 0)
+        RS_LOG(Error, "progress thread: epoll_create1 failed");
+    // A fork child has no progress thread, and shares the parent's epoll set: it must neither
+    // add its connections to that set nor believe a thread serves them.
+    pthread_atfork(
+        [] {
+            ProgressThread &t = ProgressThread::instance();
+            t.listenersMutex_.lock();
+            t.mutex_.lock();
+            t.pendingMutex_.lock();
+        },
+        [] {
+            ProgressThread &t = ProgressThread::instance();
+            t.pendingMutex_.unlock();
+            t.mutex_.unlock();
+            t.listenersMutex_.unlock();
+        },
+        [] { ProgressThread::instance().afterFork(); });
+}
+
+void ProgressThread::afterFork()
+{
+    // The parent's connections and listeners are not ours to progress or destroy here.
+    watched_.clear();
+    listeners_.clear();
+    for (auto &c : adopted_)
+        (void)c.release();
+    adopted_.clear();
+    timers_.clear();
+    pending_.clear();
+    pendingMinNs_ = INT64_MAX;
+    nextTimerNs_ = INT64_MAX;
+    passiveNextNs_ = 0;
+    if (epollFd_ >= 0)
+        ::close(epollFd_);
+    epollFd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    if (eventFd_ >= 0)
+        ::close(eventFd_);
+    eventFd_ = -1;
+    started_.store(false, std::memory_order_release);
+    pendingMutex_.unlock();
+    mutex_.unlock();
+    listenersMutex_.unlock();
+}
 
 void ProgressThread::start()
 {
-    if (started_)
+    if (started_.load(std::memory_order_relaxed))
         return;
     eventFd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (eventFd_ < 0) {
@@ -44,7 +105,7 @@ void ProgressThread::start()
     pthread_sigmask(SIG_SETMASK, &all, &old);
     try {
         std::thread([this] { run(); }).detach();
-        started_ = true;
+        started_.store(true, std::memory_order_release);
     } catch (...) {
         RS_LOG(Error, "progress thread: cannot start");
     }
@@ -89,6 +150,106 @@ void ProgressThread::unwatch(Connection *conn)
 {
     std::lock_guard<std::mutex> lock(mutex_);
     std::erase(watched_, conn);
+}
+
+void ProgressThread::addPassive(Connection *conn, int fd)
+{
+    if (!started_.load(std::memory_order_acquire)) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        start();
+    }
+    // Level-triggered: a connection whose words could not all be processed is seen again.
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = conn;
+    if (epollFd_ >= 0 && ::epoll_ctl(epollFd_, EPOLL_CTL_ADD, fd, &ev) < 0 && errno != EEXIST)
+        RS_LOG(Warn, "progress thread: cannot watch a connection (%s)", strerror(errno));
+}
+
+void ProgressThread::schedule(Connection *conn, int64_t deadlineNs)
+{
+    if (!started_.load(std::memory_order_acquire)) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        start();
+    }
+    // Queued under a leaf lock and merged by the thread, so that this may be called from
+    // anywhere, the thread's own calls into connections included.
+    std::lock_guard<std::mutex> lock(pendingMutex_);
+    pending_.emplace_back(conn, deadlineNs);
+    if (deadlineNs < pendingMinNs_) {
+        pendingMinNs_ = deadlineNs;
+        uint64_t one = 1;
+        if (eventFd_ >= 0 && ::write(eventFd_, &one, sizeof(one)) < 0) {
+            // Already signalled.
+        }
+    }
+}
+
+void ProgressThread::mergePendingLocked()
+{
+    std::lock_guard<std::mutex> lock(pendingMutex_);
+    for (auto [conn, deadlineNs] : pending_) {
+        auto [it, added] = timers_.emplace(conn, deadlineNs);
+        if (!added && deadlineNs < it->second)
+            it->second = deadlineNs;
+        nextTimerNs_ = std::min(nextTimerNs_, deadlineNs);
+    }
+    pending_.clear();
+    pendingMinNs_ = INT64_MAX;
+}
+
+void ProgressThread::forget(Connection *conn, int fd)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::erase(watched_, conn);
+    timers_.erase(conn);
+    {
+        std::lock_guard<std::mutex> pendingLock(pendingMutex_);
+        std::erase_if(pending_, [conn](const auto &p) { return p.first == conn; });
+    }
+    // Events are read and dispatched with mutex_ held, so none can name conn after this.
+    if (fd >= 0 && epollFd_ >= 0)
+        ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, fd, nullptr);
+}
+
+void ProgressThread::runTimersLocked(int64_t now)
+{
+    int64_t next = INT64_MAX;
+    for (auto it = timers_.begin(); it != timers_.end();) {
+        if (it->second <= now) {
+            bool watch = false;
+            int64_t due = it->first->timerTick(now, &watch);
+            if (watch && std::find(watched_.begin(), watched_.end(), it->first) == watched_.end())
+                watched_.push_back(it->first);
+            if (due == 0) {
+                it = timers_.erase(it);
+                continue;
+            }
+            it->second = due;
+        }
+        next = std::min(next, it->second);
+        ++it;
+    }
+    nextTimerNs_ = next == INT64_MAX ? next : std::max(next, now + kTimerSlackNs);
+}
+
+void ProgressThread::runPassiveLocked()
+{
+    // Everything ready now, in batches: a round is rare, a backlog should not span several.
+    epoll_event events[256];
+    for (int batch = 0; batch < 16; batch++) {
+        int n = ::epoll_wait(epollFd_, events, 256, 0);
+        for (int i = 0; i < n; i++) {
+            auto *c = static_cast<Connection *>(events[i].data.ptr);
+            bool watch = false;
+            if (!c->passiveProgress(&watch))
+                ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, c->waitFd(), nullptr);
+            if (watch && std::find(watched_.begin(), watched_.end(), c) == watched_.end())
+                watched_.push_back(c);
+        }
+        if (n < 256)
+            break;
+    }
 }
 
 void ProgressThread::adopt(std::unique_ptr<Connection> conn)
@@ -137,6 +298,8 @@ void ProgressThread::run()
         fds.clear();
         fds.push_back({eventFd_, POLLIN, 0});
         bool busy = false;
+        int64_t wakeAt;
+        bool passiveOpen;
         {
             // Not under mutex_: answering a request creates a connection, which watch()es.
             std::lock_guard<std::mutex> lock(listenersMutex_);
@@ -148,6 +311,15 @@ void ProgressThread::run()
         }
         {
             std::lock_guard<std::mutex> lock(mutex_);
+            // One timer check per loop; the list is walked only when a deadline has passed.
+            mergePendingLocked();
+            int64_t now = nowNs();
+            if (now >= nextTimerNs_)
+                runTimersLocked(now);
+            wakeAt = nextTimerNs_;
+            passiveOpen = now >= passiveNextNs_ && epollFd_ >= 0;
+            if (!passiveOpen)
+                wakeAt = std::min(wakeAt, passiveNextNs_);
             for (size_t i = 0; i < watched_.size();) {
                 Connection *c = watched_[i];
                 bool closedDone = false;
@@ -173,16 +345,30 @@ void ProgressThread::run()
                 busy = true;
                 i++;
             }
+            if (passiveOpen)
+                fds.push_back({epollFd_, POLLIN, 0});
         }
-        // Destroyed outside the lock: ~Connection calls unwatch().
+        // Destroyed outside the lock: ~Connection calls forget().
         finished.clear();
         // While work is pending, look at least every millisecond: the provider may need
-        // progress to push data into a socket without any fd becoming readable.
-        int n = ::poll(fds.data(), fds.size(), busy ? 1 : -1);
+        // progress to push data into a socket without any fd becoming readable. Otherwise
+        // sleep until the nearest deadline.
+        int timeout = busy ? 1 : -1;
+        if (wakeAt != INT64_MAX) {
+            int64_t ms = std::clamp<int64_t>((wakeAt - nowNs() + 999999) / 1000000, 0, INT_MAX);
+            if (timeout < 0 || ms < timeout)
+                timeout = static_cast<int>(ms);
+        }
+        int n = ::poll(fds.data(), fds.size(), timeout);
         if (n > 0 && (fds[0].revents & POLLIN)) {
             uint64_t v;
             ssize_t r = ::read(eventFd_, &v, sizeof(v));
             (void)r;
+        }
+        if (n > 0 && passiveOpen && (fds.back().revents & POLLIN)) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            runPassiveLocked();
+            passiveNextNs_ = nowNs() + kPassiveIntervalNs;
         }
     }
 }

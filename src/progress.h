@@ -10,10 +10,20 @@
 // pending close) and makes progress on them when the application does not. It idles on an
 // eventfd when nothing is watched and never takes a connection's lock while the application
 // holds it.
+//
+// It also stands in for what a kernel does for idle sockets: every connected connection's wait
+// fd sits in one epoll set, so words that arrive while the application makes no call (keepalive
+// probes, a peer's DISCONNECT) are answered; that set is looked at no more than every
+// kPassiveIntervalMs, so busy connections cost at most a few wake-ups a second. And it keeps
+// one timer list (keepalive, connection deadlines), checked once per loop and slept on until
+// the nearest deadline.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 namespace rstream {
@@ -39,18 +49,43 @@ public:
     // Waits up to timeoutMs for adopted connections to finish (used at exit).
     void drain(int timeoutMs);
 
+    // A connected connection: its wait fd joins the passive set. Takes no lock, so it may be
+    // called with the connection's lock held from any thread, the progress thread included.
+    void addPassive(Connection *conn, int fd);
+    // Calls conn->timerTick() at or after deadlineNs (CLOCK_MONOTONIC); an earlier deadline
+    // replaces a later one. Takes only a leaf lock: callable from anywhere.
+    void schedule(Connection *conn, int64_t deadlineNs);
+    // Called from ~Connection before its wait fd closes: no list, timer or event refers to conn
+    // after this returns.
+    void forget(Connection *conn, int fd);
+
+    // Timers fire up to this late, so that deadlines close together cost one walk of the list.
+    static constexpr int64_t kTimerSlackNs = 10 * 1000000;
+    static constexpr int64_t kPassiveIntervalNs = 100 * 1000000;
+
 private:
     ProgressThread();
     void run();
     void start();
+    void runTimersLocked(int64_t now);
+    void runPassiveLocked();
+    void afterFork();
+    void mergePendingLocked();
 
     std::mutex mutex_;
     std::vector<Connection *> watched_;
     std::mutex listenersMutex_; // guards listeners_ and their use by the thread
     std::vector<Listener *> listeners_;
     std::vector<std::unique_ptr<Connection>> adopted_;
+    std::unordered_map<Connection *, int64_t> timers_; // deadline of each
+    int64_t nextTimerNs_ = INT64_MAX;
+    std::mutex pendingMutex_; // a leaf lock: schedule() may be called from anywhere
+    std::vector<std::pair<Connection *, int64_t>> pending_;
+    int64_t pendingMinNs_ = INT64_MAX;
+    int64_t passiveNextNs_ = 0; // the passive set is polled again from then on
     int eventFd_ = -1;
-    bool started_ = false;
+    int epollFd_ = -1; // the passive set
+    std::atomic<bool> started_{false};
 };
 
 } // namespace rstream

@@ -48,7 +48,7 @@ std::optional<Message> decode(uint32_t word)
         return m;
     case static_cast<uint32_t>(Op::Ctrl):
         if (payload < static_cast<uint32_t>(Ctrl::ShutWr) ||
-            payload > static_cast<uint32_t>(Ctrl::Keepalive))
+            payload > static_cast<uint32_t>(kLastCtrl))
             return std::nullopt;
         m.op = Op::Ctrl;
         m.ctrl = static_cast<Ctrl>(payload);

@@ -17,7 +17,7 @@
 //                payload bits 15..0  = ring space returned, in units of 2^shift bytes, the
 //                                      smallest shift for which the whole receive ring fits
 //                                      in 16 bits (ringSize >> shift <= 65535)
-//   op 2 CTRL    payload = control code (SHUT_WR, DISCONNECT, RESET, KEEPALIVE)
+//   op 2 CTRL    payload = control code (SHUT_WR, DISCONNECT, RESET, KEEPALIVE, KEEPALIVE_ACK)
 //   op 3..7      invalid: the connection is reset
 #pragma once
 
@@ -39,8 +39,14 @@ enum class Ctrl : uint32_t
     ShutWr = 1,     // no more data from the sender: EOF after what was sent
     Disconnect = 2, // graceful close: EOF after what was sent, the sender is gone
     Reset = 3,      // abortive close: the receiver reports ECONNRESET at once
-    Keepalive = 4,  // nothing to do: proves the path is alive
+    // Keepalive: a probe the receiver's engine answers with KeepaliveAck, without the
+    // application, as a kernel answers TCP keepalive probes. The prober counts any word from
+    // the peer as proof of life, the ack only guarantees there is one. An ack is never answered,
+    // so two probing ends cannot ping-pong.
+    Keepalive = 4,
+    KeepaliveAck = 5,
 };
+constexpr Ctrl kLastCtrl = Ctrl::KeepaliveAck;
 
 constexpr unsigned kOpShift = 29;
 constexpr uint32_t kPayloadMask = (1u << kOpShift) - 1;

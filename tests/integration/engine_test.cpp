@@ -19,6 +19,8 @@
 #include <fcntl.h>
 #include <rdma/fi_cm.h>
 #include <string>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
 
 #include <gtest/gtest.h>
 
@@ -617,6 +619,175 @@ TEST_P(EngineTest, WildcardListenerKeepsItsPort)
     auto c = connect(settings());
     t.join();
     EXPECT_TRUE(accepted);
+}
+
+TEST(EngineKeepalive, OptionsAreValidatedAsOnLinux)
+{
+    Connection c;
+    bool on = true;
+    int idle = 0, interval = 0, count = 0;
+    c.keepalive(&on, &idle, &interval, &count);
+    EXPECT_FALSE(on);
+    EXPECT_EQ(idle, 7200);
+    EXPECT_EQ(interval, 75);
+    EXPECT_EQ(count, 9);
+    EXPECT_EQ(c.setKeepalive(true, 32768, 0, 0), -EINVAL);
+    EXPECT_EQ(c.setKeepalive(true, 0, 32768, 0), -EINVAL);
+    EXPECT_EQ(c.setKeepalive(true, 0, 0, 128), -EINVAL);
+    EXPECT_EQ(c.setKeepalive(true, -1, 0, 0), -EINVAL);
+    c.keepalive(&on, nullptr, nullptr, nullptr);
+    EXPECT_FALSE(on) << "a rejected call changes nothing";
+    // 0 keeps a value, so each of Linux's four options maps onto one call.
+    EXPECT_EQ(c.setKeepalive(true), 0);
+    EXPECT_EQ(c.setKeepalive(true, 32767, 0, 0), 0);
+    EXPECT_EQ(c.setKeepalive(true, 0, 1, 127), 0);
+    c.keepalive(&on, &idle, &interval, &count);
+    EXPECT_TRUE(on);
+    EXPECT_EQ(idle, 32767);
+    EXPECT_EQ(interval, 1);
+    EXPECT_EQ(count, 127);
+    EXPECT_EQ(c.setKeepalive(false), 0);
+    c.keepalive(&on, &idle, nullptr, nullptr);
+    EXPECT_FALSE(on);
+    EXPECT_EQ(idle, 32767);
+}
+
+// The peer process of the keepalive test, started by it: connects, then never calls again.
+TEST(EngineKeepalive, PeerProcess)
+{
+    const char *port = getenv("RSTREAM_TEST_PEER_PORT");
+    const char *mode = getenv("RSTREAM_TEST_PEER_MODE");
+    if (!port || !mode)
+        GTEST_SKIP() << "started by KeepaliveDetectsAPeerThatStopsAnswering only";
+    Settings s;
+    s.provider = "tcp";
+    s.iwarp = strstr(mode, "iwarp") != nullptr;
+    s.strict = strstr(mode, "strict") != nullptr;
+    Connection c(s);
+    sockaddr_in a = loopback(static_cast<uint16_t>(atoi(port)));
+    if (c.connect(reinterpret_cast<sockaddr *>(&a), sizeof(a)) != 0)
+        _exit(1);
+    for (;;)
+        pause();
+}
+
+// A peer that stops answering (its process stopped, as a host that vanished without closing
+// its sockets) is detected in idle + count x interval; while it answers, probes keep the
+// connection up though neither application calls.
+TEST_P(EngineTest, KeepaliveDetectsAPeerThatStopsAnswering)
+{
+    auto l = listen(settings());
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        // A fresh process image: the peer must have a progress thread of its own.
+        std::string port = std::to_string(port_);
+        setenv("RSTREAM_TEST_PEER_PORT", port.c_str(), 1);
+        setenv("RSTREAM_TEST_PEER_MODE", GetParam().name, 1);
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        execl("/proc/self/exe", "engine_test", "--gtest_filter=EngineKeepalive.PeerProcess",
+              nullptr);
+        _exit(127);
+    }
+    std::unique_ptr<Connection> s;
+    ASSERT_EQ(l->accept(&s, false, 10000), 0);
+    ASSERT_EQ(s->setKeepalive(true, 1, 1, 2), 0);
+    // Probes go at 1 s, about 2.1 s and 3.2 s, each answered by the idle peer's engine; without
+    // answers the connection would fail at 3 s.
+    usleep(3600 * 1000);
+    Connection::Info i = s->info();
+    EXPECT_GE(i.probesSent, 3u);
+    EXPECT_LE(i.probes, 1u);
+    EXPECT_EQ(i.error, 0);
+    EXPECT_TRUE(i.connected);
+    char b;
+    EXPECT_EQ(s->recv(&b, 1, kNonBlock), -EAGAIN);
+    kill(pid, SIGSTOP);
+    auto t0 = std::chrono::steady_clock::now();
+    // The blocked receiver is woken by the progress thread when the connection fails.
+    EXPECT_EQ(s->recv(&b, 1, 0, 10000), -ETIMEDOUT);
+    auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
+    RecordProperty("keepalive_detection_ms", static_cast<int>(ms));
+    // The last answer came at most ~1.1 s before the stop: 1 s idle + 2 x 1 s of probes after it.
+    EXPECT_GE(ms, 1800);
+    EXPECT_LE(ms, 4500);
+    EXPECT_EQ(s->send("x", 1), -ETIMEDOUT);
+    EXPECT_EQ(s->info().probes, 2u);
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+}
+
+namespace {
+
+// A kernel TCP listener that answers nothing: with syn true, its accept queue is kept full so
+// that SYNs are dropped (the peer is a black hole); else it completes the TCP handshake and then
+// stays silent (a peer that is not an rstream endpoint, or hangs).
+struct SilentListener
+{
+    explicit SilentListener(bool syn)
+    {
+        fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in a = loopback(0);
+        EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
+        EXPECT_EQ(::listen(fd, 0), 0);
+        socklen_t len = sizeof(a);
+        getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len);
+        port = ntohs(a.sin_port);
+        if (syn) {
+            // Linux queues backlog + 1 connections; the next SYNs are dropped.
+            filler = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            EXPECT_EQ(::connect(filler, reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
+        }
+    }
+    ~SilentListener()
+    {
+        ::close(fd);
+        if (filler >= 0)
+            ::close(filler);
+    }
+    int fd = -1;
+    int filler = -1;
+    uint16_t port = 0;
+};
+
+} // namespace
+
+TEST_P(EngineTest, UnreachablePeerTimesOutWithinConnectTimeout)
+{
+    for (bool syn : {true, false}) {
+        for (bool nonblock : {false, true}) {
+            SilentListener silent(syn);
+            Settings st = settings();
+            st.connectTimeoutMs = 500;
+            auto c = std::make_unique<Connection>(st);
+            sockaddr_in a = loopback(silent.port);
+            auto t0 = std::chrono::steady_clock::now();
+            int r = c->connect(reinterpret_cast<sockaddr *>(&a), sizeof(a), nonblock);
+            if (nonblock) {
+                ASSERT_EQ(r, -EINPROGRESS);
+                // Nobody calls into the connection: the progress thread enforces the deadline
+                // and wakes an external poller.
+                int efd = eventfd(0, EFD_CLOEXEC);
+                c->addWaiter(efd);
+                pollfd p{efd, POLLIN, 0};
+                EXPECT_EQ(poll(&p, 1, 5000), 1);
+                c->removeWaiter(efd);
+                ::close(efd);
+                r = c->connectResult();
+            }
+            auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now() - t0)
+                          .count();
+            EXPECT_EQ(r, -ETIMEDOUT)
+                << "syn " << syn << " nonblock " << nonblock << ": " << strerror(-r);
+            EXPECT_GE(ms, 490) << "syn " << syn << " nonblock " << nonblock;
+            EXPECT_LE(ms, 500 + 400) << "syn " << syn << " nonblock " << nonblock;
+            EXPECT_EQ(c->send("x", 1), -ETIMEDOUT);
+        }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, EngineTest, ::testing::ValuesIn(kModes),

@@ -17,7 +17,8 @@ using namespace rstream::wire;
 
 namespace {
 
-constexpr Ctrl kAllCtrls[] = {Ctrl::ShutWr, Ctrl::Disconnect, Ctrl::Reset, Ctrl::Keepalive};
+constexpr Ctrl kAllCtrls[] = {Ctrl::ShutWr, Ctrl::Disconnect, Ctrl::Reset, Ctrl::Keepalive,
+                              Ctrl::KeepaliveAck};
 
 uint32_t makeWord(uint32_t op, uint32_t payload)
 {
@@ -152,6 +153,15 @@ TEST(WireCtrl, RoundTripsEveryCode)
     }
 }
 
+// The keepalive codes are fixed by the wire format: probe 4, answer 5.
+TEST(WireCtrl, KeepaliveProbeAndAnswerAreDistinct)
+{
+    EXPECT_EQ(encodeCtrl(Ctrl::Keepalive), (2u << kOpShift) | 4u);
+    EXPECT_EQ(encodeCtrl(Ctrl::KeepaliveAck), (2u << kOpShift) | 5u);
+    EXPECT_EQ(decode((2u << kOpShift) | 5u)->ctrl, Ctrl::KeepaliveAck);
+    EXPECT_FALSE(decode((2u << kOpShift) | 6u));
+}
+
 TEST(WireDecode, RejectsMalformedWords)
 {
     for (uint32_t op = 3; op <= 7; op++) {
@@ -161,7 +171,7 @@ TEST(WireDecode, RejectsMalformedWords)
     EXPECT_FALSE(decode(makeWord(0, 0))) << "DATA of length 0";
     EXPECT_FALSE(decode(makeWord(1, 0))) << "CREDIT returning nothing";
     EXPECT_FALSE(decode(makeWord(2, 0))) << "CTRL code 0";
-    EXPECT_FALSE(decode(makeWord(2, static_cast<uint32_t>(Ctrl::Keepalive) + 1)));
+    EXPECT_FALSE(decode(makeWord(2, static_cast<uint32_t>(kLastCtrl) + 1)));
     EXPECT_FALSE(decode(makeWord(2, 0x100)));
     EXPECT_FALSE(decode(makeWord(2, kPayloadMask)));
     EXPECT_FALSE(decode(0xffffffffu));
@@ -186,7 +196,7 @@ TEST(WireDecode, AgreesWithTheEncodersForEveryOp)
                 break;
             case 2:
                 if (payload >= static_cast<uint32_t>(Ctrl::ShutWr) &&
-                    payload <= static_cast<uint32_t>(Ctrl::Keepalive))
+                    payload <= static_cast<uint32_t>(kLastCtrl))
                     reencoded = encodeCtrl(static_cast<Ctrl>(payload));
                 break;
             default:

@@ -1,0 +1,221 @@
+// SPDX-License-Identifier: MIT
+// Many connections in one process: file descriptors and memory per connection, the time to
+// open, use and close them, and that idle connections cost the progress thread nothing.
+//
+// Both ends live in this process, so every connection counts twice (a client and a server
+// endpoint). RSTREAM_SCALE_CONNECTIONS (default 2000) and RSTREAM_SCALE_BUF (ring bytes per
+// direction, default 4k) and RSTREAM_SCALE_QUEUE (queue entries, default 384) size the run;
+// scripts/scale-test runs 10,000 with the default rings.
+
+#include <arpa/inet.h>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "connection.h"
+#include "listener.h"
+
+using namespace rstream;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point t0)
+{
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+int countFds()
+{
+    int n = 0;
+    if (DIR *d = opendir("/proc/self/fd")) {
+        while (dirent *e = readdir(d))
+            if (e->d_name[0] != '.')
+                n++;
+        closedir(d);
+    }
+    return n - 1; // the directory's own fd
+}
+
+long rssKiB()
+{
+    long kib = 0;
+    if (FILE *f = fopen("/proc/self/status", "r")) {
+        char line[256];
+        while (fgets(line, sizeof(line), f))
+            if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+                break;
+        fclose(f);
+    }
+    return kib;
+}
+
+double cpuSeconds()
+{
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+long envLong(const char *name, long dflt)
+{
+    const char *v = getenv(name);
+    return v && *v ? strtol(v, nullptr, 0) : dflt;
+}
+
+sockaddr_in loopback(uint16_t port)
+{
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    return a;
+}
+
+} // namespace
+
+TEST(Scale, ManyConnectionsInOneProcess)
+{
+    const int n = static_cast<int>(envLong("RSTREAM_SCALE_CONNECTIONS", 2000));
+    const size_t buf = static_cast<size_t>(envLong("RSTREAM_SCALE_BUF", 4096));
+    // Every endpoint holds a few fds: raise the soft limit to the hard one first.
+    rlimit rl{};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+
+    Settings s;
+    s.provider = "tcp";
+    ASSERT_EQ(s.setSendBuf(buf), 0);
+    ASSERT_EQ(s.setRecvBuf(buf), 0);
+    if (long q = envLong("RSTREAM_SCALE_QUEUE", 0)) {
+        ASSERT_EQ(s.setTxSize(q), 0);
+        ASSERT_EQ(s.setRxSize(q), 0);
+    }
+    Listener l(s);
+    sockaddr_in a = loopback(0);
+    ASSERT_EQ(l.bind(reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
+    ASSERT_EQ(l.listen(4096), 0);
+    sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    ASSERT_EQ(l.localAddress(&ss, &len), 0);
+    const uint16_t port = ntohs(reinterpret_cast<sockaddr_in *>(&ss)->sin_port);
+    a = loopback(port);
+
+    std::vector<std::unique_ptr<Connection>> servers(n), clients(n);
+    std::atomic<int> accepted{0};
+    std::atomic<bool> acceptFailed{false};
+    auto acceptAll = [&](int from, int to) {
+        for (int i = from; i < to; i++) {
+            int r = l.accept(&servers[i], false, 30000);
+            if (r < 0) {
+                ADD_FAILURE() << "accept " << i << ": " << strerror(-r);
+                acceptFailed = true;
+                return;
+            }
+            accepted++;
+        }
+    };
+    // One pair first: the domain and the progress thread are shared and not counted.
+    {
+        std::thread t([&] { acceptAll(0, 1); });
+        clients[0] = std::make_unique<Connection>(s);
+        ASSERT_EQ(clients[0]->connect(reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
+        t.join();
+    }
+    const int fds0 = countFds();
+    const long rss0 = rssKiB();
+    if (long(rl.rlim_cur) < fds0 + 8L * n)
+        GTEST_SKIP() << "RLIMIT_NOFILE " << rl.rlim_cur << " is too low for " << n
+                     << " connections (raise the hard limit)";
+
+    // Connect nonblocking, a window at a time, as a server under load would be connected to.
+    auto t0 = Clock::now();
+    std::thread acceptor([&] { acceptAll(1, n); });
+    const int window = 256;
+    int started = 1, done = 1;
+    std::vector<int> pending;
+    while (done < n && !acceptFailed) {
+        while (started < n && int(pending.size()) < window) {
+            clients[started] = std::make_unique<Connection>(s);
+            int r = clients[started]->connect(reinterpret_cast<sockaddr *>(&a), sizeof(a), true);
+            ASSERT_EQ(r, -EINPROGRESS) << "connection " << started << ": " << strerror(-r);
+            pending.push_back(started++);
+        }
+        for (size_t k = 0; k < pending.size();) {
+            int r = clients[pending[k]]->connectResult();
+            if (r == -EINPROGRESS) {
+                k++;
+                continue;
+            }
+            ASSERT_EQ(r, 0) << "connection " << pending[k] << ": " << strerror(-r);
+            pending[k] = pending.back();
+            pending.pop_back();
+            done++;
+        }
+        if (!pending.empty())
+            usleep(200);
+    }
+    acceptor.join();
+    ASSERT_FALSE(acceptFailed);
+    const double connectSec = secondsSince(t0);
+    const int fds1 = countFds();
+    const long rss1 = rssKiB();
+    const double fdsPerEndpoint = double(fds1 - fds0) / (2.0 * (n - 1));
+    const double kibPerConnection = double(rss1 - rss0) / double(n - 1);
+
+    // Every connection carries a message each way (accepts come in any order: servers echo).
+    t0 = Clock::now();
+    for (int i = 0; i < n; i++) {
+        uint32_t v = i;
+        ASSERT_EQ(clients[i]->send(&v, 4), 4) << i;
+    }
+    for (int i = 0; i < n; i++) {
+        uint32_t v = 0;
+        ASSERT_EQ(servers[i]->recv(&v, 4, kWaitAll, 10000), 4) << i;
+        ASSERT_EQ(servers[i]->send(&v, 4), 4) << i;
+    }
+    for (int i = 0; i < n; i++) {
+        uint32_t v = 0;
+        ASSERT_EQ(clients[i]->recv(&v, 4, kWaitAll, 10000), 4) << i;
+        ASSERT_EQ(v, uint32_t(i));
+    }
+    const double exchangeSec = secondsSince(t0);
+
+    // Idle: the progress thread must sleep, not poll thousands of connections.
+    usleep(300 * 1000); // background credit returns settle
+    const double cpu0 = cpuSeconds();
+    usleep(1000 * 1000);
+    const double idleCpuMs = (cpuSeconds() - cpu0) * 1000;
+
+    t0 = Clock::now();
+    clients.clear();
+    servers.clear();
+    const double closeSec = secondsSince(t0);
+
+    printf("scale: %d connections (%d endpoints), rings %zu B each way\n", n, 2 * n, buf);
+    printf("scale: connect %.2f s (%.0f/s), exchange %.2f s, close %.2f s\n", connectSec,
+           (n - 1) / connectSec, exchangeSec, closeSec);
+    printf("scale: %.2f fds per endpoint, %.1f KiB RSS per connection (both ends), %ld MiB "
+           "total; idle CPU %.1f ms/s\n",
+           fdsPerEndpoint, kibPerConnection, rss1 / 1024, idleCpuMs);
+    RecordProperty("connections", n);
+    RecordProperty("fds_per_endpoint_x100", static_cast<int>(fdsPerEndpoint * 100));
+    RecordProperty("kib_per_connection", static_cast<int>(kibPerConnection));
+    RecordProperty("connect_ms", static_cast<int>(connectSec * 1000));
+    RecordProperty("idle_cpu_ms_per_s", static_cast<int>(idleCpuMs));
+    // Measured on tcp: 4 fds per endpoint (socket, wait set epoll fd and its signal pair).
+    EXPECT_LE(fdsPerEndpoint, 4.05);
+    EXPECT_LT(idleCpuMs, 50.0);
+}
