@@ -112,6 +112,11 @@ private:
 
 thread_local WakeFd tWakeFd;
 constexpr int kMaxBatches = 8;
+constexpr uint32_t kEqInterval = 16;
+// The progress thread leaves a connection to the application for this long after the
+// application last made progress on it: racing it for the lock and the CQ only costs both
+// wake-ups, and on few cores the CPU the application or its peer needs.
+constexpr int64_t kAppIdleNs = 1000000;
 
 } // namespace
 
@@ -396,11 +401,19 @@ int Connection::connectResult()
     return -EINVAL;
 }
 
-void Connection::progressLocked()
+void Connection::progressLocked(bool app)
 {
     if (!ep_)
         return;
-    processEqLocked();
+    if (app)
+        appProgressNs_.store(nowNs(), std::memory_order_relaxed);
+    // Once connected the EQ only reports the endpoint going away, and reading it costs the tcp
+    // provider a progress pass (a system call) of its own: look at it on every kEqInterval-th
+    // call only. waitFor() reads it before sleeping, and fi_trywait() covers it.
+    if (state_ != State::Connected || ++eqSkips_ >= kEqInterval) {
+        eqSkips_ = 0;
+        processEqLocked();
+    }
     processCqLocked();
     if (state_ == State::Connected && !error_) {
         flushLocked(false);
@@ -785,7 +798,10 @@ int Connection::backgroundProgress(bool *closedDone)
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock())
         return kProgressBusy;
-    progressLocked();
+    const bool appRecent = nowNs() - appProgressNs_.load(std::memory_order_relaxed) < kAppIdleNs;
+    if (appRecent && !closing_)
+        return kProgressBusy;
+    progressLocked(false);
     flushLocked(true);
     if (closing_) {
         bool delivered = tx_.unsent() == 0 && disconnectSent_ && txHead_ == txNext_;
@@ -806,8 +822,10 @@ int Connection::backgroundProgress(bool *closedDone)
         }
         return kProgressMore;
     }
-    if (needsBackgroundLocked())
-        return kProgressMore;
+    if (needsBackgroundLocked()) {
+        // A thread asleep in waitFor() wakes on the wait fd itself; the timer is only a bound.
+        return appSleeping_.load(std::memory_order_relaxed) > 0 ? kProgressBusy : kProgressMore;
+    }
     watched_ = false;
     return kProgressDone;
 }
@@ -945,8 +963,10 @@ int Connection::waitFor(int events, int64_t deadlineNs)
             lock.lock();
             continue;
         }
-        if (armLocked() == -EAGAIN)
+        if (armLocked() == -EAGAIN) {
+            processEqLocked();
             continue;
+        }
         const int wakeFd = tWakeFd.fd();
         if (wakeFd < 0)
             return -ENOMEM;
@@ -957,11 +977,13 @@ int Connection::waitFor(int events, int64_t deadlineNs)
         if (until)
             timeout = static_cast<int>(std::max<int64_t>(0, (until - now + 999999) / 1000000));
         sleepers_.push_back(wakeFd);
+        appSleeping_.fetch_add(1, std::memory_order_relaxed);
         lock.unlock();
         pollfd pfd[2] = {{waitFd_, POLLIN, 0}, {wakeFd, POLLIN, 0}};
         int n = ::poll(pfd, 2, timeout);
         int saved = errno;
         lock.lock();
+        appSleeping_.fetch_sub(1, std::memory_order_relaxed);
         std::erase(sleepers_, wakeFd);
         if (pfd[1].revents & POLLIN)
             tWakeFd.drain();

@@ -128,7 +128,8 @@ public:
     // For the progress thread: makes progress if nobody else is. Returns kProgressDone when no
     // work remains that needs progress without the application, kProgressMore while some does
     // (unsent or in-flight data, owed messages, a pending close), kProgressBusy when the
-    // application holds the connection. closedDone: a closing connection may be destroyed.
+    // application holds the connection or drives its progress itself (look again later, on the
+    // timer only). closedDone: a closing connection may be destroyed.
     enum
     {
         kProgressDone = 0,
@@ -169,8 +170,8 @@ private:
     int applyPeerHello(const wire::Hello &peer);
     wire::Hello localHello() const;
 
-    // All below run with mutex_ held.
-    void progressLocked();
+    // All below run with mutex_ held. app: called for the application (not the progress thread).
+    void progressLocked(bool app = true);
     void processEqLocked();
     void processCqLocked();
     void handleWordLocked(uint32_t word);
@@ -232,6 +233,7 @@ private:
     bool peerClosed_ = false;   // the peer sent DISCONNECT: writes get EPIPE
     std::vector<int> sleepers_; // wake-up eventfds of the threads asleep in waitFor()
     bool changed_ = false;      // progress changed what waiters may be waiting for
+    uint32_t eqSkips_ = 0;      // progress calls since the EQ was last read while connected
     sockaddr_storage bindAddr_{};
     socklen_t bindLen_ = 0;
 
@@ -256,6 +258,10 @@ private:
     socklen_t peerLen_ = 0;
 
     std::atomic<bool> delivered_{false}; // closing: DISCONNECT sent and all sends completed
+    // When the application last made progress, and how many of its threads sleep in waitFor():
+    // the progress thread keeps out of the way of an application that drives progress itself.
+    std::atomic<int64_t> appProgressNs_{0};
+    std::atomic<int> appSleeping_{0};
     std::atomic<uint64_t> bytesSent_{0};
     std::atomic<uint64_t> bytesReceived_{0};
 };

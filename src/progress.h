@@ -44,6 +44,7 @@ private:
     std::vector<std::unique_ptr<Connection>> adopted_;
     int eventFd_ = -1;
     bool started_ = false;
+    bool asleep_ = false; // the thread sleeps until signalled (nothing was watched)
 };
 
 } // namespace rstream
