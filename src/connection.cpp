@@ -175,6 +175,7 @@ int Connection::setup(const fi_info *info)
         return ret;
     const ProviderCaps &caps = domain_->caps();
     iwarp_ = settings_.iwarp || caps.iwarp;
+    injectSize_ = info->tx_attr->inject_size;
     txCap_ = std::max<uint32_t>(Settings::kMinQueue,
                                 std::min<uint32_t>(settings_.txSize, info->tx_attr->size));
     rxCount_ = std::max<uint32_t>(
@@ -549,8 +550,11 @@ void Connection::processCqLocked()
                 handleWordLocked(word);
             } else {
                 auto *op = static_cast<TxOp *>(e.op_context);
-                if (op >= txOps_ && op < txOps_ + txCap_)
+                if (op >= txOps_ && op < txOps_ + txCap_) {
+                    if (injectPending_ && op->seq > injectSeq_)
+                        injectPending_ = false;
                     onTxCompleteLocked(op);
+                }
             }
         }
         if (n < 16)
@@ -649,6 +653,7 @@ int Connection::sendWordLocked(uint32_t word)
         return -EAGAIN;
     TxOp &op = txOps_[txNext_ % txCap_];
     op.len = 0;
+    op.seq = txNext_;
     op.done = false;
     ssize_t ret;
     if (iwarp_) {
@@ -698,14 +703,19 @@ void Connection::flushLocked(bool force)
         uint32_t word = *wire::encodeData(static_cast<uint32_t>(len));
         TxOp &op = txOps_[txNext_ % txCap_];
         op.len = len;
+        op.seq = txNext_;
         op.done = false;
         ssize_t ret;
+        // A write the provider can inject needs no completion: its ring space is free again
+        // at once, and nothing wakes either side for it.
+        const bool inject = !iwarp_ && len <= injectSize_;
         if (iwarp_) {
             ret = fi_write(ep_, sendBase_ + srcOff, len, localDesc_, 0, dst, peerKey_, &op.ctx);
             if (ret == 0) {
                 txNext_++;
                 TxOp &note = txOps_[txNext_ % txCap_];
                 note.len = 0;
+                note.seq = txNext_;
                 note.done = false;
                 uint32_t &src = ctrlWords_[txNext_ % txCap_];
                 src = word;
@@ -719,6 +729,10 @@ void Connection::flushLocked(bool force)
                 if (ret == 0)
                     txNext_++;
             }
+        } else if (inject) {
+            ret = fi_inject_writedata(ep_, sendBase_ + srcOff, len, word, 0, dst, peerKey_);
+            if (ret == 0)
+                txNext_++;
         } else {
             ret = fi_writedata(ep_, sendBase_ + srcOff, len, localDesc_, word, 0, dst, peerKey_,
                                &op.ctx);
@@ -735,6 +749,11 @@ void Connection::flushLocked(bool force)
         peer_.onDataSent(len);
         writesInFlight_++;
         bytesSent_.fetch_add(len, std::memory_order_relaxed);
+        if (inject) {
+            injectPending_ = true;
+            injectSeq_ = op.seq;
+            onTxCompleteLocked(&op);
+        }
     }
     if (tx_.unsent() == 0) {
         if (closing_ && !disconnectSent_) {
@@ -782,7 +801,7 @@ bool Connection::needsBackgroundLocked() const
     if (error_ || closed_ || state_ != State::Connected)
         return closing_ && !closed_;
     return tx_.unsent() > 0 || tx_.inFlight() > 0 || txNext_ != txHead_ || local_.due() ||
-           (shutWr_ && !shutWrSent_) || closing_;
+           injectPending_ || (shutWr_ && !shutWrSent_) || closing_;
 }
 
 void Connection::watch()
@@ -803,6 +822,11 @@ int Connection::backgroundProgress(bool *closedDone)
         return kProgressBusy;
     progressLocked(false);
     flushLocked(true);
+    if (injectPending_ && txHead_ == txNext_ && state_ == State::Connected && !error_ && !closed_) {
+        // The application has gone quiet after injected writes: a KEEPALIVE's completion tells
+        // when the provider has handed them over; until then the fd is watched for them.
+        sendWordLocked(wire::encodeCtrl(wire::Ctrl::Keepalive));
+    }
     if (closing_) {
         bool delivered = tx_.unsent() == 0 && disconnectSent_ && txHead_ == txNext_;
         if (delivered)

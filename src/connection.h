@@ -155,6 +155,7 @@ private:
     {
         fi_context2 ctx;
         uint64_t len; // ring bytes released on completion
+        uint64_t seq; // position in the queue (txNext_ when posted)
         bool done;
     };
     struct RxSlot
@@ -251,6 +252,12 @@ private:
     RxSlot *rxSlots_ = nullptr;
     uint32_t rxCount_ = 0;
     uint64_t writesInFlight_ = 0;
+    // Small writes go out as injects, which complete at once and report nothing. The provider
+    // may still hold them (tcp, when the socket is full) until progress is made, so they count
+    // as pending until a later op with a completion completes: ops leave in order.
+    size_t injectSize_ = 0; // largest write the provider injects
+    bool injectPending_ = false;
+    uint64_t injectSeq_ = 0; // seq of the last inject
 
     sockaddr_storage localAddr_{};
     socklen_t localLen_ = 0;
