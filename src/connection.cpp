@@ -963,12 +963,14 @@ int Connection::wait(int events, int timeoutMs)
     return waitFor(events, deadlineFor(timeoutMs));
 }
 
-int Connection::waitFor(int events, int64_t deadlineNs)
+int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
 {
     const int64_t spinEnd = nowNs() + int64_t(settings_.pollUs) * 1000;
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
-        progressLocked();
+        if (!progressed)
+            progressLocked();
+        progressed = false;
         int ready = 0;
         if ((events & kReadable) && peekRecvLocked() != -EAGAIN)
             ready |= kReadable;
@@ -1051,7 +1053,7 @@ ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs
         if (n == 0) {
             if (flags & kNonBlock)
                 return sent ? static_cast<ssize_t>(sent) : -EAGAIN;
-            int r = waitFor(kWritable, deadline);
+            int r = waitFor(kWritable, deadline, true);
             if (r < 0)
                 return sent ? static_cast<ssize_t>(sent) : r;
             if (r == 0)
@@ -1092,11 +1094,14 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
     for (;;) {
         uint64_t pos, n;
         ssize_t state;
+        bool progressed = false;
         {
             std::lock_guard<std::mutex> lock(mutex_);
             // Data already reaped is returned without another CQ poll; the next call polls.
-            if (rx_.readable() == 0)
+            if (rx_.readable() == 0) {
                 progressLocked();
+                progressed = true;
+            }
             state = peekRecvLocked();
             pos = rx_.consumed;
             n = state > 0 ? std::min<uint64_t>(state, total - copied) : 0;
@@ -1111,7 +1116,7 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
                 return copied ? static_cast<ssize_t>(copied) : state;
             if ((flags & kNonBlock) || (copied && !(flags & kWaitAll)))
                 return copied ? static_cast<ssize_t>(copied) : -EAGAIN;
-            int r = waitFor(kReadable, deadline);
+            int r = waitFor(kReadable, deadline, progressed);
             if (r < 0)
                 return copied ? static_cast<ssize_t>(copied) : r;
             if (r == 0)

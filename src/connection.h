@@ -190,7 +190,9 @@ private:
     int armLocked();
     ssize_t recvLocked(const iovec *iov, int iovcnt, int flags);
 
-    int waitFor(int events, int64_t deadlineNs);
+    // progressed: the caller has just made progress and found nothing, so the first look is
+    // skipped (on tcp, a CQ poll is a system call).
+    int waitFor(int events, int64_t deadlineNs, bool progressed = false);
 
     Settings settings_;
     std::shared_ptr<Domain> domain_;
