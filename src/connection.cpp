@@ -112,6 +112,11 @@ private:
 
 thread_local WakeFd tWakeFd;
 constexpr int kMaxBatches = 8;
+constexpr uint32_t kEqInterval = 16;
+// The progress thread leaves a connection to the application for this long after the
+// application last made progress on it: racing it for the lock and the CQ only costs both
+// wake-ups, and on few cores the CPU the application or its peer needs.
+constexpr int64_t kAppIdleNs = 1000000;
 
 } // namespace
 
@@ -171,6 +176,7 @@ int Connection::setup(const fi_info *info)
         return ret;
     const ProviderCaps &caps = domain_->caps();
     iwarp_ = settings_.iwarp || caps.iwarp;
+    injectSize_ = info->tx_attr->inject_size;
     txCap_ = std::max<uint32_t>(Settings::kMinQueue,
                                 std::min<uint32_t>(settings_.txSize, info->tx_attr->size));
     rxCount_ = std::max<uint32_t>(
@@ -427,11 +433,19 @@ int Connection::connectResult()
     return -EINVAL;
 }
 
-void Connection::progressLocked()
+void Connection::progressLocked(bool app)
 {
     if (!ep_)
         return;
-    processEqLocked();
+    if (app)
+        appProgressNs_.store(nowNs(), std::memory_order_relaxed);
+    // Once connected the EQ only reports the endpoint going away, and reading it costs the tcp
+    // provider a progress pass (a system call) of its own: look at it on every kEqInterval-th
+    // call only. waitFor() reads it before sleeping, and fi_trywait() covers it.
+    if (state_ != State::Connected || ++eqSkips_ >= kEqInterval) {
+        eqSkips_ = 0;
+        processEqLocked();
+    }
     processCqLocked();
     if (state_ == State::Connected && !error_) {
         flushLocked(false);
@@ -509,8 +523,10 @@ void Connection::processEqLocked()
                     continue;
                 }
                 state_ = State::Connected;
+                txEvents_.fetch_add(1, std::memory_order_relaxed);
             } else if (state_ == State::Accepting) {
                 state_ = State::Connected;
+                txEvents_.fetch_add(1, std::memory_order_relaxed);
             }
             if (localLen_ == 0) {
                 size_t l = sizeof(localAddr_);
@@ -591,8 +607,11 @@ void Connection::processCqLocked()
                 handleWordLocked(word);
             } else {
                 auto *op = static_cast<TxOp *>(e.op_context);
-                if (op >= txOps_ && op < txOps_ + txCap_)
+                if (op >= txOps_ && op < txOps_ + txCap_) {
+                    if (injectPending_ && op->seq > injectSeq_)
+                        injectPending_ = false;
                     onTxCompleteLocked(op);
+                }
             }
         }
         if (n < 16)
@@ -622,6 +641,7 @@ void Connection::handleWordLocked(uint32_t word)
             return;
         }
         rx_.written += m->len;
+        rxEvents_.fetch_add(1, std::memory_order_relaxed);
         bytesReceived_.fetch_add(m->len, std::memory_order_relaxed);
         if (closing_) {
             // Data for a closed socket: the kernel answers with a reset, and so do we.
@@ -637,12 +657,18 @@ void Connection::handleWordLocked(uint32_t word)
         break;
     }
     case wire::Op::Credit:
+        txEvents_.fetch_add(1, std::memory_order_relaxed);
         if (peer_.onCredit(m->slots, m->ringUnits) < 0) {
             failLocked(-ECONNRESET, "peer returned more credit than it had");
             return;
         }
         break;
     case wire::Op::Ctrl:
+        if (m->ctrl == wire::Ctrl::ShutWr || m->ctrl == wire::Ctrl::Disconnect ||
+            m->ctrl == wire::Ctrl::Reset) {
+            rxEvents_.fetch_add(1, std::memory_order_relaxed);
+            txEvents_.fetch_add(1, std::memory_order_relaxed);
+        }
         switch (m->ctrl) {
         case wire::Ctrl::ShutWr:
             peerShutWr_ = true;
@@ -674,6 +700,7 @@ void Connection::handleWordLocked(uint32_t word)
 
 void Connection::onTxCompleteLocked(TxOp *op)
 {
+    txEvents_.fetch_add(1, std::memory_order_relaxed);
     op->done = true;
     changed_ = true;
     while (txHead_ < txNext_) {
@@ -695,6 +722,7 @@ int Connection::sendWordLocked(uint32_t word)
         return -EAGAIN;
     TxOp &op = txOps_[txNext_ % txCap_];
     op.len = 0;
+    op.seq = txNext_;
     op.done = false;
     ssize_t ret;
     if (iwarp_) {
@@ -744,14 +772,19 @@ void Connection::flushLocked(bool force)
         uint32_t word = *wire::encodeData(static_cast<uint32_t>(len));
         TxOp &op = txOps_[txNext_ % txCap_];
         op.len = len;
+        op.seq = txNext_;
         op.done = false;
         ssize_t ret;
+        // A write the provider can inject needs no completion: its ring space is free again
+        // at once, and nothing wakes either side for it.
+        const bool inject = !iwarp_ && len <= injectSize_;
         if (iwarp_) {
             ret = fi_write(ep_, sendBase_ + srcOff, len, localDesc_, 0, dst, peerKey_, &op.ctx);
             if (ret == 0) {
                 txNext_++;
                 TxOp &note = txOps_[txNext_ % txCap_];
                 note.len = 0;
+                note.seq = txNext_;
                 note.done = false;
                 uint32_t &src = ctrlWords_[txNext_ % txCap_];
                 src = word;
@@ -765,6 +798,10 @@ void Connection::flushLocked(bool force)
                 if (ret == 0)
                     txNext_++;
             }
+        } else if (inject) {
+            ret = fi_inject_writedata(ep_, sendBase_ + srcOff, len, word, 0, dst, peerKey_);
+            if (ret == 0)
+                txNext_++;
         } else {
             ret = fi_writedata(ep_, sendBase_ + srcOff, len, localDesc_, word, 0, dst, peerKey_,
                                &op.ctx);
@@ -781,6 +818,11 @@ void Connection::flushLocked(bool force)
         peer_.onDataSent(len);
         writesInFlight_++;
         bytesSent_.fetch_add(len, std::memory_order_relaxed);
+        if (inject) {
+            injectPending_ = true;
+            injectSeq_ = op.seq;
+            onTxCompleteLocked(&op);
+        }
     }
     if (tx_.unsent() == 0) {
         if (closing_ && !disconnectSent_) {
@@ -795,6 +837,8 @@ void Connection::flushLocked(bool force)
 
 void Connection::failLocked(int err, const char *why)
 {
+    rxEvents_.fetch_add(1, std::memory_order_relaxed);
+    txEvents_.fetch_add(1, std::memory_order_relaxed);
     changed_ = true;
     if (error_)
         return;
@@ -811,7 +855,6 @@ void Connection::failLocked(int err, const char *why)
 void Connection::wakeSleepersLocked()
 {
     if (changed_) {
-        events_.fetch_add(1, std::memory_order_relaxed);
         const uint64_t one = 1;
         for (int fd : sleepers_)
             if (::write(fd, &one, sizeof(one)) < 0) {
@@ -830,7 +873,7 @@ bool Connection::needsBackgroundLocked() const
     if (error_ || closed_ || state_ != State::Connected)
         return closing_ && !closed_;
     return tx_.unsent() > 0 || tx_.inFlight() > 0 || txNext_ != txHead_ || local_.due() ||
-           (shutWr_ && !shutWrSent_) || closing_ || kaAckOwed_;
+           injectPending_ || (shutWr_ && !shutWrSent_) || closing_ || kaAckOwed_;
 }
 
 void Connection::watch()
@@ -846,8 +889,16 @@ int Connection::backgroundProgress(bool *closedDone)
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock())
         return kProgressBusy;
-    progressLocked();
+    const bool appRecent = nowNs() - appProgressNs_.load(std::memory_order_relaxed) < kAppIdleNs;
+    if (appRecent && !closing_)
+        return kProgressBusy;
+    progressLocked(false);
     flushLocked(true);
+    if (injectPending_ && txHead_ == txNext_ && state_ == State::Connected && !error_ && !closed_) {
+        // The application has gone quiet after injected writes: a KEEPALIVE's completion tells
+        // when the provider has handed them over; until then the fd is watched for them.
+        sendWordLocked(wire::encodeCtrl(wire::Ctrl::Keepalive));
+    }
     if (closing_) {
         bool delivered = tx_.unsent() == 0 && disconnectSent_ && txHead_ == txNext_;
         if (delivered)
@@ -867,8 +918,10 @@ int Connection::backgroundProgress(bool *closedDone)
         }
         return kProgressMore;
     }
-    if (needsBackgroundLocked())
-        return kProgressMore;
+    if (needsBackgroundLocked()) {
+        // A thread asleep in waitFor() wakes on the wait fd itself; the timer is only a bound.
+        return appSleeping_.load(std::memory_order_relaxed) > 0 ? kProgressBusy : kProgressMore;
+    }
     watched_ = false;
     (void)armLocked(); // resets the wait fd's signal: the passive set need not look at it
     return kProgressDone;
@@ -985,12 +1038,14 @@ int Connection::wait(int events, int timeoutMs)
     return waitFor(events, deadlineFor(timeoutMs));
 }
 
-int Connection::waitFor(int events, int64_t deadlineNs)
+int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
 {
     const int64_t spinEnd = nowNs() + int64_t(settings_.pollUs) * 1000;
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
-        progressLocked();
+        if (!progressed)
+            progressLocked();
+        progressed = false;
         int ready = 0;
         if ((events & kReadable) && peekRecvLocked() != -EAGAIN)
             ready |= kReadable;
@@ -1009,8 +1064,10 @@ int Connection::waitFor(int events, int64_t deadlineNs)
             lock.lock();
             continue;
         }
-        if (armLocked() == -EAGAIN)
+        if (armLocked() == -EAGAIN) {
+            processEqLocked();
             continue;
+        }
         const int wakeFd = tWakeFd.fd();
         if (wakeFd < 0)
             return -ENOMEM;
@@ -1021,6 +1078,7 @@ int Connection::waitFor(int events, int64_t deadlineNs)
         if (until)
             timeout = static_cast<int>(std::max<int64_t>(0, (until - now + 999999) / 1000000));
         sleepers_.push_back(wakeFd);
+        appSleeping_.fetch_add(1, std::memory_order_relaxed);
         lock.unlock();
         pollfd pfd[2] = {{waitFd_, POLLIN, 0}, {wakeFd, POLLIN, 0}};
         int n, saved;
@@ -1031,16 +1089,18 @@ int Connection::waitFor(int events, int64_t deadlineNs)
             {
                 std::unique_lock<std::mutex> &lock;
                 std::vector<int> &sleepers;
+                std::atomic<int> &sleeping;
                 int fd;
                 ~Unregister()
                 {
                     if (!lock.owns_lock())
                         lock.lock();
+                    sleeping.fetch_sub(1, std::memory_order_relaxed);
                     auto it = std::find(sleepers.begin(), sleepers.end(), fd);
                     if (it != sleepers.end())
                         sleepers.erase(it);
                 }
-            } unregister{lock, sleepers_, wakeFd};
+            } unregister{lock, sleepers_, appSleeping_, wakeFd};
             n = ::poll(pfd, 2, timeout);
             saved = errno;
         }
@@ -1069,8 +1129,13 @@ ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs
         uint64_t pos, n;
         {
             std::lock_guard<std::mutex> lock(mutex_);
-            progressLocked();
+            // With room for all of it already, progress can wait for the flush and the next
+            // call: a ping-pong saves a CQ poll (a system call on tcp) per message.
             ssize_t space = peekSendLocked();
+            if (space < 0 || uint64_t(space) < total - sent) {
+                progressLocked();
+                space = peekSendLocked();
+            }
             if (space < 0)
                 return sent ? static_cast<ssize_t>(sent) : space;
             if (total == 0)
@@ -1081,7 +1146,7 @@ ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs
         if (n == 0) {
             if (flags & kNonBlock)
                 return sent ? static_cast<ssize_t>(sent) : -EAGAIN;
-            int r = waitFor(kWritable, deadline);
+            int r = waitFor(kWritable, deadline, true);
             if (r < 0)
                 return sent ? static_cast<ssize_t>(sent) : r;
             if (r == 0)
@@ -1093,6 +1158,10 @@ ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs
             std::lock_guard<std::mutex> lock(mutex_);
             tx_.tail += n;
             flushLocked(false);
+            // Held back to coalesce behind writes in flight: reap their completions now, as
+            // the application may not call again soon.
+            if (tx_.unsent() > 0)
+                progressLocked();
             watch();
         }
         sent += n;
@@ -1118,9 +1187,14 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
     for (;;) {
         uint64_t pos, n;
         ssize_t state;
+        bool progressed = false;
         {
             std::lock_guard<std::mutex> lock(mutex_);
-            progressLocked();
+            // Data already reaped is returned without another CQ poll; the next call polls.
+            if (rx_.readable() == 0) {
+                progressLocked();
+                progressed = true;
+            }
             state = peekRecvLocked();
             pos = rx_.consumed;
             n = state > 0 ? std::min<uint64_t>(state, total - copied) : 0;
@@ -1135,7 +1209,7 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
                 return copied ? static_cast<ssize_t>(copied) : state;
             if ((flags & kNonBlock) || (copied && !(flags & kWaitAll)))
                 return copied ? static_cast<ssize_t>(copied) : -EAGAIN;
-            int r = waitFor(kReadable, deadline);
+            int r = waitFor(kReadable, deadline, progressed);
             if (r < 0)
                 return copied ? static_cast<ssize_t>(copied) : r;
             if (r == 0)

@@ -98,8 +98,10 @@ public:
     // the wait fd's signal. Register before the last readiness check, unregister after waking.
     void addWaiter(int eventFd);
     void removeWaiter(int eventFd);
-    // Counts progress that changed what waiters wait for (for edge-triggered epoll).
-    uint64_t eventCount() const { return events_.load(std::memory_order_relaxed); }
+    // Count the events that can make it newly readable (data, EOF, errors) or writable
+    // (space, connection), for edge-triggered epoll.
+    uint64_t rxEventCount() const { return rxEvents_.load(std::memory_order_relaxed); }
+    uint64_t txEventCount() const { return txEvents_.load(std::memory_order_relaxed); }
 
     // SO_KEEPALIVE with TCP_KEEPIDLE, TCP_KEEPINTVL and TCP_KEEPCNT in one call: once nothing
     // has arrived for idleSec seconds, a probe goes every intervalSec seconds; the peer's engine
@@ -141,7 +143,8 @@ public:
     // For the progress thread: makes progress if nobody else is. Returns kProgressDone when no
     // work remains that needs progress without the application, kProgressMore while some does
     // (unsent or in-flight data, owed messages, a pending close), kProgressBusy when the
-    // application holds the connection. closedDone: a closing connection may be destroyed.
+    // application holds the connection or drives its progress itself (look again later, on the
+    // timer only). closedDone: a closing connection may be destroyed.
     enum
     {
         kProgressDone = 0,
@@ -174,6 +177,7 @@ private:
     {
         fi_context2 ctx;
         uint64_t len; // ring bytes released on completion
+        uint64_t seq; // position in the queue (txNext_ when posted)
         bool done;
     };
     struct RxSlot
@@ -189,8 +193,8 @@ private:
     int applyPeerHello(const wire::Hello &peer);
     wire::Hello localHello() const;
 
-    // All below run with mutex_ held.
-    void progressLocked();
+    // All below run with mutex_ held. app: called for the application (not the progress thread).
+    void progressLocked(bool app = true);
     void processEqLocked();
     void processCqLocked();
     void handleWordLocked(uint32_t word);
@@ -208,7 +212,9 @@ private:
     int armLocked();
     ssize_t recvLocked(const iovec *iov, int iovcnt, int flags);
 
-    int waitFor(int events, int64_t deadlineNs);
+    // progressed: the caller has just made progress and found nothing, so the first look is
+    // skipped (on tcp, a CQ poll is a system call).
+    int waitFor(int events, int64_t deadlineNs, bool progressed = false);
     int64_t keepaliveLocked(int64_t now);
     int checkCmDataSize();
 
@@ -254,6 +260,7 @@ private:
     bool peerClosed_ = false;   // the peer sent DISCONNECT: writes get EPIPE
     std::vector<int> sleepers_; // wake-up eventfds of the threads asleep in waitFor()
     bool changed_ = false;      // progress changed what waiters may be waiting for
+    uint32_t eqSkips_ = 0;      // progress calls since the EQ was last read while connected
     sockaddr_storage bindAddr_{};
     socklen_t bindLen_ = 0;
     bool passive_ = false; // in the progress thread's passive set
@@ -284,14 +291,25 @@ private:
     RxSlot *rxSlots_ = nullptr;
     uint32_t rxCount_ = 0;
     uint64_t writesInFlight_ = 0;
+    // Small writes go out as injects, which complete at once and report nothing. The provider
+    // may still hold them (tcp, when the socket is full) until progress is made, so they count
+    // as pending until a later op with a completion completes: ops leave in order.
+    size_t injectSize_ = 0; // largest write the provider injects
+    bool injectPending_ = false;
+    uint64_t injectSeq_ = 0; // seq of the last inject
 
     sockaddr_storage localAddr_{};
     socklen_t localLen_ = 0;
     sockaddr_storage peerAddr_{};
     socklen_t peerLen_ = 0;
 
-    std::atomic<uint64_t> events_{0};
+    std::atomic<uint64_t> rxEvents_{0};
+    std::atomic<uint64_t> txEvents_{0};
     std::atomic<bool> delivered_{false}; // closing: DISCONNECT sent and all sends completed
+    // When the application last made progress, and how many of its threads sleep in waitFor():
+    // the progress thread keeps out of the way of an application that drives progress itself.
+    std::atomic<int64_t> appProgressNs_{0};
+    std::atomic<int> appSleeping_{0};
     std::atomic<uint64_t> bytesSent_{0};
     std::atomic<uint64_t> bytesReceived_{0};
 };

@@ -856,7 +856,7 @@ std::shared_ptr<Connection> HybridSocket::addWaiter(int eventFd)
     return s && (m == Mode::Fabric || m == Mode::Listener) ? s->addWaiter(eventFd) : nullptr;
 }
 
-uint64_t HybridSocket::generation()
+uint64_t HybridSocket::generation(int events)
 {
     std::shared_ptr<Socket> s;
     {
@@ -864,7 +864,7 @@ uint64_t HybridSocket::generation()
         s = sock_;
     }
     if (mode() == Mode::Fabric && s)
-        return s->generation();
+        return s->generation(events);
     // Kernel-backed readiness has no event count: every look counts as new (EPOLLET acts as
     // level-triggered there, which costs a spurious wake-up, never a lost one).
     return kernelGen_.fetch_add(1, std::memory_order_relaxed);

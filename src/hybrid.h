@@ -133,7 +133,7 @@ public:
     int pollEvents(int events) override;
     int prepareWait(pollfd *fds, int max, int events) override;
     std::shared_ptr<Connection> addWaiter(int eventFd) override;
-    uint64_t generation() override;
+    uint64_t generation(int events) override;
     int kernelFd() override;
 
     uint64_t bytesSent();

@@ -23,8 +23,9 @@ public:
     // Registers a wake-up eventfd with the connection that progress by other threads writes
     // (see Connection::addWaiter); returns that connection so the caller unregisters there.
     virtual std::shared_ptr<Connection> addWaiter(int eventFd) = 0;
-    // Moves whenever readiness may have changed; EPOLLET reports again only when it moved.
-    virtual uint64_t generation() = 0;
+    // Moves whenever readiness for events (POLLIN/POLLOUT) may have newly arisen; EPOLLET
+    // reports again only when it moved.
+    virtual uint64_t generation(int events) = 0;
     // A socket that ended up on kernel TCP (a fallback) belongs in the kernel's poll and epoll:
     // its kernel fd, or -1 while the engine serves it.
     virtual int kernelFd() { return -1; }

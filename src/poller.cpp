@@ -397,7 +397,7 @@ int EpollSet::collect(epoll_event *events, int maxevents)
             continue;
         if (e.events & EPOLLET) {
             // Edge-triggered: report again only after new progress or a new condition.
-            uint64_t gen = s->generation();
+            uint64_t gen = s->generation(static_cast<int>(toPoll(e.events)));
             bool fresh = gen != e.lastGen || (rev & ~e.lastRev);
             e.lastGen = gen;
             e.lastRev = rev;

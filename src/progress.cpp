@@ -119,9 +119,14 @@ void ProgressThread::watch(Connection *conn)
     start();
     if (std::find(watched_.begin(), watched_.end(), conn) == watched_.end())
         watched_.push_back(conn);
+    // A thread that is not asleep looks at the list within a millisecond anyway; not waking it
+    // saves a system call and a context switch per send in a ping-pong.
     uint64_t one = 1;
-    if (eventFd_ >= 0 && ::write(eventFd_, &one, sizeof(one)) < 0) {
-        // Already signalled.
+    if (asleep_ && eventFd_ >= 0) {
+        asleep_ = false;
+        if (::write(eventFd_, &one, sizeof(one)) < 0) {
+            // Already signalled.
+        }
     }
 }
 
@@ -347,6 +352,7 @@ void ProgressThread::run()
             }
             if (passiveOpen)
                 fds.push_back({epollFd_, POLLIN, 0});
+            asleep_ = !busy;
         }
         // Destroyed outside the lock: ~Connection calls forget().
         finished.clear();

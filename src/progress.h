@@ -86,6 +86,7 @@ private:
     int eventFd_ = -1;
     int epollFd_ = -1; // the passive set
     std::atomic<bool> started_{false};
+    bool asleep_ = false; // the thread sleeps until signalled (nothing was watched)
 };
 
 } // namespace rstream

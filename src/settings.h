@@ -19,7 +19,7 @@ struct Settings
     size_t recvBuf = 32 * 1024;   // receive ring bytes
     uint32_t txSize = 384;        // send queue entries
     uint32_t rxSize = 384;        // receive queue entries (message credits given to the peer)
-    uint32_t pollUs = 5;          // spin this long making progress before sleeping
+    uint32_t pollUs = 50;         // spin this long making progress before sleeping
     int connectTimeoutMs = 10000; // bound on connection establishment
     bool iwarp = false;           // force RMA write + small send instead of write with immediate
     bool strict = false;          // ask the provider for verbs-shaped MR semantics (tests)

@@ -1215,10 +1215,15 @@ std::shared_ptr<Connection> Socket::addWaiter(int eventFd)
     return conn_;
 }
 
-uint64_t Socket::generation()
+uint64_t Socket::generation(int events)
 {
     std::lock_guard<std::mutex> lock(mutex_);
-    return (conn_ ? conn_->eventCount() : 0) + (stateChanges_ << 40);
+    uint64_t g = stateChanges_ << 40;
+    if (conn_ && (events & POLLIN))
+        g += conn_->rxEventCount();
+    if (conn_ && (events & POLLOUT))
+        g += conn_->txEventCount() << 20;
+    return g;
 }
 
 bool Socket::isListening()

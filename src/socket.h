@@ -92,7 +92,7 @@ public:
     int pollEvents(int events) override;
     int prepareWait(pollfd *fds, int max, int events) override;
     std::shared_ptr<Connection> addWaiter(int eventFd) override;
-    uint64_t generation() override;
+    uint64_t generation(int events) override;
 
     bool isListening();
     bool isConnected();
