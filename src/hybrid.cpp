@@ -12,6 +12,7 @@
 #include <ctime>
 #include <fcntl.h>
 #include <map>
+#include <new>
 #include <unistd.h>
 
 #include "fabric.h"
@@ -773,6 +774,9 @@ void HybridSocket::countFallbackIfEstablished()
 
 void HybridSocket::markInherited()
 {
+    // Runs in a fork child, where only the forking thread exists: a lock another parent thread
+    // held at the fork would never be released, so the mutex starts over.
+    new (&mutex_) std::mutex();
     std::lock_guard<std::mutex> lock(mutex_);
     noFabric_ = true;
     if (sock_)

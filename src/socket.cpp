@@ -446,6 +446,7 @@ int Socket::accept(std::shared_ptr<Socket> *out, sockaddr *addr, socklen_t *len)
     }
     s->conn_ = std::shared_ptr<Connection>(conn.release(), ConnectionCloser{});
     s->state_ = State::Connected;
+    s->applyKeepaliveLocked();
     if (addr && len) {
         sockaddr_storage peer{};
         socklen_t plen = sizeof(peer);
@@ -531,6 +532,7 @@ int Socket::connect(const sockaddr *addr, socklen_t len)
             return ret;
         sendRing_ = static_cast<uint32_t>(s.sendBuf);
         conn_ = c;
+        applyKeepaliveLocked();
         setStateLocked(ret == 0 ? State::Connected : State::Connecting);
         connectPending_ = ret == -EINPROGRESS && nonblocking();
         if (state_ == State::Connected || nonblocking())
@@ -554,6 +556,14 @@ int Socket::connect(const sockaddr *addr, socklen_t len)
             return -EINTR;
         if (r < 0 && r != -ENOTCONN)
             return r;
+    }
+}
+
+void Socket::applyKeepaliveLocked()
+{
+    if (conn_ && (keepalive_ || keepaliveApplied_)) {
+        conn_->setKeepalive(keepalive_, keepIdle_, keepIntvl_, keepCnt_);
+        keepaliveApplied_ = keepalive_;
     }
 }
 
@@ -754,6 +764,7 @@ int Socket::setsockopt(int level, int name, const void *val, socklen_t len)
         switch (name) {
         case SO_KEEPALIVE:
             keepalive_ = v != 0;
+            applyKeepaliveLocked();
             return 0;
         case SO_REUSEADDR:
             reuseAddr_ = v != 0;
@@ -799,16 +810,19 @@ int Socket::setsockopt(int level, int name, const void *val, socklen_t len)
             if (v < 1 || v > 32767)
                 return -EINVAL;
             keepIdle_ = v;
+            applyKeepaliveLocked();
             return 0;
         case TCP_KEEPINTVL:
             if (v < 1 || v > 32767)
                 return -EINVAL;
             keepIntvl_ = v;
+            applyKeepaliveLocked();
             return 0;
         case TCP_KEEPCNT:
             if (v < 1 || v > 127)
                 return -EINVAL;
             keepCnt_ = v;
+            applyKeepaliveLocked();
             return 0;
         case TCP_CORK:
         case TCP_QUICKACK:

@@ -115,6 +115,7 @@ private:
     int applySettings(Settings *s);
     void refreshConnectLocked();
     void releaseProbe();
+    void applyKeepaliveLocked();
     void setStateLocked(State s)
     {
         state_ = s;
@@ -145,6 +146,7 @@ private:
     int sndTimeoutMs_ = -1;
     bool keepalive_ = false;
     int keepIdle_ = 7200, keepIntvl_ = 75, keepCnt_ = 9;
+    bool keepaliveApplied_ = false;
     bool reuseAddr_ = false;
     bool reusePort_ = false;
     linger linger_{0, 0};
