@@ -76,8 +76,15 @@ std::shared_ptr<HybridSocket> engineSocket(int fd, const void *ra)
 
 std::shared_ptr<Pollable> resolvePollable(int fd)
 {
-    if (!gSockets.has(fd))
+    if (!gSockets.has(fd)) {
+        // An epoll fd holding engine sockets, inside poll() or another epoll.
+        if (gEpolls.has(fd)) {
+            auto set = gEpolls.get(fd);
+            if (set && set->engine.load(std::memory_order_acquire))
+                return set;
+        }
         return nullptr;
+    }
     auto s = gSockets.get(fd);
     if (!s || s->mode() == HybridSocket::Mode::Kernel)
         return nullptr;

@@ -14,7 +14,7 @@ namespace {
 // the table.
 bool engineFd(int fd, const void *ra, int &callerChecked)
 {
-    if (!gSockets.has(fd))
+    if (!gSockets.has(fd) && !gEpolls.has(fd))
         return false;
     if (callerChecked == 0)
         callerChecked = internalAddress(ra) ? -1 : 1;

@@ -478,16 +478,11 @@ int HybridSocket::accept(sockaddr *addr, socklen_t *len, int flags,
             if (wait <= 0)
                 return -EAGAIN;
         }
-        pollfd fds[4] = {{fd_, POLLIN, 0}};
-        int n = 1;
-        if (listener) {
-            int k = listener->prepareWait(fds + 1, 3, POLLIN);
-            if (k == -EAGAIN)
-                continue;
-            n += std::max(k, 0);
-        }
+        std::vector<pollfd> fds{{fd_, POLLIN, 0}};
+        if (listener && listener->prepareWait(&fds, POLLIN) == -EAGAIN)
+            continue;
         timespec ts{wait / 1000, (wait % 1000) * 1000000L};
-        int r = k_.poll.ppoll(fds, n, wait >= 0 ? &ts : nullptr, nullptr);
+        int r = k_.poll.ppoll(fds.data(), fds.size(), wait >= 0 ? &ts : nullptr, nullptr);
         if (r < 0 && errno == EINTR)
             return -EINTR;
     }
@@ -511,13 +506,12 @@ int HybridSocket::connectFabric(const sockaddr *addr, socklen_t len, std::shared
         int64_t left = deadline - nowMs();
         if (left <= 0)
             return -ETIMEDOUT;
-        pollfd fds[4];
-        int n = s->prepareWait(fds, 4, POLLOUT);
-        if (n == -EAGAIN)
+        std::vector<pollfd> fds;
+        if (s->prepareWait(&fds, POLLOUT) == -EAGAIN)
             continue;
         int wait = static_cast<int>(std::min<int64_t>(left, 100));
         timespec ts{0, wait * 1000000L};
-        k_.poll.ppoll(fds, std::max(n, 0), &ts, nullptr);
+        k_.poll.ppoll(fds.data(), fds.size(), &ts, nullptr);
     }
     int err = 0;
     socklen_t elen = sizeof(err);
@@ -820,7 +814,7 @@ int HybridSocket::pollEvents(int events)
     }
 }
 
-int HybridSocket::prepareWait(pollfd *fds, int max, int events)
+int HybridSocket::prepareWait(std::vector<pollfd> *fds, int events)
 {
     std::shared_ptr<Socket> s;
     Mode m;
@@ -829,27 +823,21 @@ int HybridSocket::prepareWait(pollfd *fds, int max, int events)
         s = sock_;
         m = mode_.load();
     }
-    if (max <= 0)
-        return 0;
     switch (m) {
     case Mode::Fabric:
-        return s->prepareWait(fds, max, events);
-    case Mode::Listener: {
-        fds[0] = {fd_, POLLIN, 0};
-        if (!s || max < 2)
-            return 1;
-        int n = s->prepareWait(fds + 1, max - 1, POLLIN);
-        return n < 0 ? n : n + 1;
-    }
+        return s->prepareWait(fds, events);
+    case Mode::Listener:
+        fds->push_back({fd_, POLLIN, 0});
+        return s ? s->prepareWait(fds, POLLIN) : 0;
     case Mode::Inherited:
         return 0;
     default:
-        fds[0] = {fd_, static_cast<short>(events), 0};
-        return 1;
+        fds->push_back({fd_, static_cast<short>(events), 0});
+        return 0;
     }
 }
 
-std::shared_ptr<Connection> HybridSocket::addWaiter(int eventFd)
+void HybridSocket::addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered)
 {
     std::shared_ptr<Socket> s;
     {
@@ -857,7 +845,8 @@ std::shared_ptr<Connection> HybridSocket::addWaiter(int eventFd)
         s = sock_;
     }
     Mode m = mode();
-    return s && (m == Mode::Fabric || m == Mode::Listener) ? s->addWaiter(eventFd) : nullptr;
+    if (s && (m == Mode::Fabric || m == Mode::Listener))
+        s->addWaiter(eventFd, registered);
 }
 
 uint64_t HybridSocket::generation(int events)

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <poll.h>
+#include <vector>
 
 namespace rstream {
 
@@ -17,12 +18,13 @@ public:
     // Readiness as poll(2) reports it, making progress as it asks; only the bits in events
     // plus POLLERR/POLLHUP.
     virtual int pollEvents(int events) = 0;
-    // The fds to sleep on (at most max), armed so that sleeping is safe: returns how many, or
-    // -EAGAIN when something is already pending.
-    virtual int prepareWait(pollfd *fds, int max, int events) = 0;
-    // Registers a wake-up eventfd with the connection that progress by other threads writes
-    // (see Connection::addWaiter); returns that connection so the caller unregisters there.
-    virtual std::shared_ptr<Connection> addWaiter(int eventFd) = 0;
+    // Appends the fds to sleep on, armed so that sleeping is safe: 0, or -EAGAIN when
+    // something is already pending.
+    virtual int prepareWait(std::vector<pollfd> *fds, int events) = 0;
+    // Registers a wake-up eventfd with the connections whose progress by other threads must
+    // wake the caller (see Connection::addWaiter), appending them to registered so that the
+    // caller unregisters there.
+    virtual void addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered) = 0;
     // Moves whenever readiness for events (POLLIN/POLLOUT) may have newly arisen; EPOLLET
     // reports again only when it moved.
     virtual uint64_t generation(int events) = 0;

@@ -60,11 +60,7 @@ class Waiters
 public:
     explicit Waiters(int fd) : fd_(fd) {}
     ~Waiters() { clear(); }
-    void add(Pollable &s)
-    {
-        if (auto c = s.addWaiter(fd_))
-            conns_.push_back(std::move(c));
-    }
+    void add(Pollable &s) { s.addWaiter(fd_, &conns_); }
     void clear()
     {
         for (auto &c : conns_)
@@ -225,14 +221,10 @@ int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socke
         for (auto &s : socks) {
             if (!s)
                 continue;
-            pollfd w[4];
-            int n = s->prepareWait(w, 4, POLLIN | POLLOUT);
-            if (n == -EAGAIN) {
+            if (s->prepareWait(&sleepFds, POLLIN | POLLOUT) == -EAGAIN) {
                 pending = true;
                 break;
             }
-            for (int j = 0; j < n; j++)
-                sleepFds.push_back(w[j]);
         }
         if (pending)
             continue;
@@ -427,6 +419,66 @@ bool EpollSet::anyReady()
     return false;
 }
 
+namespace {
+// Nested sets are followed a few levels deep at most (the kernel refuses loops with ELOOP).
+thread_local int tNesting = 0;
+struct Nest
+{
+    Nest() { tNesting++; }
+    ~Nest() { tNesting--; }
+    bool tooDeep() const { return tNesting > 4; }
+};
+} // namespace
+
+int EpollSet::pollEvents(int events)
+{
+    Nest nest;
+    if (nest.tooDeep() || !(events & POLLIN))
+        return 0;
+    if (anyReady())
+        return POLLIN;
+    pollfd p{epfd_, POLLIN, 0};
+    const timespec zero{0, 0};
+    return kp_.ppoll(&p, 1, &zero, nullptr) > 0 && (p.revents & POLLIN) ? POLLIN : 0;
+}
+
+int EpollSet::prepareWait(std::vector<pollfd> *fds, int)
+{
+    Nest nest;
+    if (nest.tooDeep())
+        return 0;
+    std::vector<std::shared_ptr<Pollable>> members;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (auto &e : entries_)
+            if (!e.disabled)
+                if (auto s = e.sock.lock())
+                    members.push_back(std::move(s));
+    }
+    fds->push_back({epfd_, POLLIN, 0});
+    for (auto &s : members)
+        if (s->prepareWait(fds, static_cast<int>(POLLIN | POLLOUT)) == -EAGAIN)
+            return -EAGAIN;
+    return 0;
+}
+
+void EpollSet::addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered)
+{
+    Nest nest;
+    if (nest.tooDeep())
+        return;
+    std::vector<std::shared_ptr<Pollable>> members;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (auto &e : entries_)
+            if (!e.disabled)
+                if (auto s = e.sock.lock())
+                    members.push_back(std::move(s));
+    }
+    for (auto &s : members)
+        s->addWaiter(eventFd, registered);
+}
+
 int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigset_t *mask,
                    int spinUs)
 {
@@ -482,14 +534,10 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         sleepFds.push_back({wakeFd, POLLIN, 0});
         bool pending = false;
         for (auto &s : socks) {
-            pollfd w[4];
-            int k = s->prepareWait(w, 4, POLLIN | POLLOUT);
-            if (k == -EAGAIN) {
+            if (s->prepareWait(&sleepFds, POLLIN | POLLOUT) == -EAGAIN) {
                 pending = true;
                 break;
             }
-            for (int j = 0; j < k; j++)
-                sleepFds.push_back(w[j]);
         }
         if (pending)
             continue;

@@ -2,6 +2,7 @@
 // poll, select and epoll over a mix of engine sockets and kernel fds.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <poll.h>
@@ -38,8 +39,10 @@ int selectFds(int nfds, fd_set *readfds, fd_set *writefds, fd_set *exceptfds, ti
               const sigset_t *mask, SocketResolver resolve, const KernelPoll &kp, int spinUs);
 
 // An epoll instance over engine sockets (emulated: level-triggered, EPOLLET, EPOLLONESHOT)
-// and kernel fds (kept in the real epoll fd, which the kernel answers for).
-class EpollSet
+// and kernel fds (kept in the real epoll fd, which the kernel answers for). It is pollable
+// itself, so that an epoll fd inside poll() or another epoll becomes readable as the kernel's
+// does.
+class EpollSet : public Pollable
 {
 public:
     explicit EpollSet(int epfd, const KernelPoll &kp) : epfd_(epfd), kp_(kp) {}
@@ -49,6 +52,12 @@ public:
     int wait(epoll_event *events, int maxevents, int timeoutMs, const sigset_t *mask, int spinUs);
     // Whether an engine socket in the set is ready now (to make the epoll fd look readable).
     bool anyReady();
+
+    // Pollable: readable when a member is ready.
+    int pollEvents(int events) override;
+    int prepareWait(std::vector<pollfd> *fds, int events) override;
+    void addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered) override;
+    uint64_t generation(int) override { return gen_.fetch_add(1, std::memory_order_relaxed); }
 
 private:
     struct Entry
@@ -69,6 +78,7 @@ private:
     std::mutex mutex_;
     std::vector<Entry> entries_;
     size_t next_ = 0; // where the next scan starts, for fairness
+    std::atomic<uint64_t> gen_{0};
 };
 
 } // namespace rstream

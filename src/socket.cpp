@@ -1197,7 +1197,7 @@ int Socket::pollEvents(int events)
     return rev & (events | POLLERR | POLLHUP);
 }
 
-int Socket::prepareWait(pollfd *fds, int max, int)
+int Socket::prepareWait(std::vector<pollfd> *fds, int)
 {
     std::shared_ptr<Connection> conn;
     std::shared_ptr<Listener> listener;
@@ -1206,27 +1206,27 @@ int Socket::prepareWait(pollfd *fds, int max, int)
         conn = conn_;
         listener = listener_;
     }
-    int n = 0;
-    if (listener && n + 2 <= max) {
+    if (listener) {
         if (listener->arm() == -EAGAIN)
             return -EAGAIN;
-        fds[n++] = {listener->waitFd(), POLLIN, 0};
-        fds[n++] = {listener->readyFd(), POLLIN, 0};
+        fds->push_back({listener->waitFd(), POLLIN, 0});
+        fds->push_back({listener->readyFd(), POLLIN, 0});
     }
-    if (conn && n < max) {
+    if (conn) {
         if (conn->arm() == -EAGAIN)
             return -EAGAIN;
-        fds[n++] = {conn->waitFd(), POLLIN, 0};
+        fds->push_back({conn->waitFd(), POLLIN, 0});
     }
-    return n;
+    return 0;
 }
 
-std::shared_ptr<Connection> Socket::addWaiter(int eventFd)
+void Socket::addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered)
 {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (conn_)
+    if (conn_) {
         conn_->addWaiter(eventFd);
-    return conn_;
+        registered->push_back(conn_);
+    }
 }
 
 uint64_t Socket::generation(int events)

@@ -90,8 +90,8 @@ public:
 
     // Pollable: readiness as Linux's tcp_poll computes it.
     int pollEvents(int events) override;
-    int prepareWait(pollfd *fds, int max, int events) override;
-    std::shared_ptr<Connection> addWaiter(int eventFd) override;
+    int prepareWait(std::vector<pollfd> *fds, int events) override;
+    void addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered) override;
     uint64_t generation(int events) override;
 
     bool isListening();
