@@ -50,6 +50,20 @@ void inChild()
         gChildKernelOnly.store(true, std::memory_order_relaxed);
 }
 
+void inParent()
+{
+    try {
+        EngineCall ec;
+        // A listener now shared with a child (prefork servers) must not have fabric
+        // connections answered in the background: if the parent never accepts, its fabric
+        // clients would wait forever. Unanswered, they give up after the connect timeout and
+        // use kernel TCP, which the children accept.
+        forEachSocket([](HybridSocket &s) { s.onForkParent(); });
+    } catch (...) {
+        noteInternalError();
+    }
+}
+
 // ---- Statistics -------------------------------------------------------------------------------
 
 // RSTREAM_STATS as it was at load (the program may change its environment later).
@@ -117,7 +131,7 @@ __attribute__((constructor)) void preloadInit()
         // Inherited by fork and daemon() children, which write their own file (%p).
         atexit(writeStats);
     }
-    pthread_atfork(nullptr, nullptr, inChild);
+    pthread_atfork(nullptr, inParent, inChild);
 }
 
 } // namespace

@@ -781,6 +781,19 @@ void HybridSocket::markInherited()
     // A listener keeps accepting over kernel TCP (its fabric side stays with the parent).
 }
 
+void HybridSocket::onForkParent()
+{
+    std::shared_ptr<Socket> s;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (mode_.load() != Mode::Listener)
+            return;
+        s = sock_;
+    }
+    if (s)
+        s->setBackgroundAccept(false);
+}
+
 int HybridSocket::kernelPollNow(int events)
 {
     pollfd p{fd_, static_cast<short>(events), 0};

@@ -128,6 +128,9 @@ public:
     // After fork, in the child: the fabric state belongs to the parent; operations fail with
     // EIO and close never touches the parent's connection.
     void markInherited();
+    // After fork, in the parent: a listener shared with the child answers fabric connection
+    // requests only when the parent itself polls or accepts.
+    void onForkParent();
 
     // Pollable.
     int pollEvents(int events) override;

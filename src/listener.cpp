@@ -105,6 +105,8 @@ void Listener::pumpLocked()
 
 int Listener::backgroundAccept()
 {
+    if (!background_.load(std::memory_order_relaxed))
+        return -1;
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock() || !listening_)
         return -1;

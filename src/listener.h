@@ -2,6 +2,7 @@
 // A passive endpoint that accepts stream connections.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -48,6 +49,7 @@ public:
     // backlog) as the kernel completes handshakes before accept(). Returns the fd to poll for
     // more, or -1 when the queue is full or the application holds the listener.
     int backgroundAccept();
+    void setBackgroundAccept(bool on) { background_.store(on, std::memory_order_relaxed); }
 
 private:
     int acceptOne(std::unique_ptr<Connection> *out);
@@ -67,6 +69,7 @@ private:
     socklen_t addrLen_ = 0;
     bool listening_ = false;
     size_t backlog_ = 1;
+    std::atomic<bool> background_{true};
     std::deque<std::unique_ptr<Connection>> ready_; // handshakes answered, not yet accepted
 };
 

@@ -1240,6 +1240,17 @@ uint64_t Socket::generation(int events)
     return g;
 }
 
+void Socket::setBackgroundAccept(bool on)
+{
+    std::shared_ptr<Listener> l;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        l = listener_;
+    }
+    if (l)
+        l->setBackgroundAccept(on);
+}
+
 bool Socket::isListening()
 {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -94,6 +94,8 @@ public:
     void addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered) override;
     uint64_t generation(int events) override;
 
+    // Whether the listener answers connection requests without the application (default on).
+    void setBackgroundAccept(bool on);
     bool isListening();
     bool isConnected();
     // Statistics.
