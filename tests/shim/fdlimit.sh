@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# A program that fits `ulimit -Sn 1024` without the shim still fits with it, select() included,
+# and its connections use the fabric. Usage: fdlimit.sh PROGRAM PRELOAD_LIB
+set -euo pipefail
+prog=$1
+lib=$2
+n=400 # 800 connection fds + a listener: fits 1024 without the shim
+hard=$(ulimit -Hn)
+if [ "$hard" != unlimited ] && [ "$hard" -lt $((1024 + 8 * n + 64)) ]; then
+	echo "hard fd limit $hard is too low for the shim's fds above 1024; skipping"
+	exit 77
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+echo "without the shim:"
+(ulimit -Sn 1024 && timeout 60 "$prog" $n)
+echo "with the shim:"
+(ulimit -Sn 1024 && timeout 120 env RSTREAM_STATS="$work/stats.json" LD_PRELOAD="$lib" "$prog" $n)
+cat "$work/stats.json"
+# Both ends in one process: every connection counts twice.
+grep -q "\"fabric_connections\": $((2 * n))," "$work/stats.json" || {
+	echo "expected $((2 * n)) fabric connections"
+	exit 1
+}
