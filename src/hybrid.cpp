@@ -150,7 +150,7 @@ ShimConfig ShimConfig::fromEnv()
     const std::string &prov = chooseProvider(Settings::fromEnv());
     int defOffset = prov == "verbs" ? 0 : 20000;
     c.portOffset = envInt("RSTREAM_PORT_OFFSET", defOffset, 0, 65535);
-    c.connectTimeoutMs = envInt("RSTREAM_CONNECT_TIMEOUT_MS", 2000, 1, 600000);
+    c.connectTimeoutMs = Settings::fromEnv().connectTimeoutMs;
     c.negativeCacheMs = envInt("RSTREAM_NEGATIVE_CACHE_MS", 30000, 0, 86400000);
     if (const char *ports = std::getenv("RSTREAM_PORTS")) {
         // "5201,6379,7000-7100"
