@@ -22,6 +22,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "boundary.h"
 #include "fdtable.h"
 #include "hybrid.h"
 #include "log.h"
@@ -206,31 +207,11 @@ extern std::atomic<bool> gChildKernelOnly;
 
 void noteInternalError();
 
-// Runs f (which returns a count or -errno) and converts -errno to -1/errno, once. Nothing but
-// a thread cancellation's forced unwind leaves as an exception. errno is left as the caller had
-// it on success, as a syscall leaves it.
+// The C boundary (src/boundary.h), reporting internal errors in the shim's log.
 template <class F>
 auto boundary(F &&f) -> decltype(f())
 {
-    const int saved = errno;
-    try {
-        auto r = f();
-        if (r < 0) {
-            errno = static_cast<int>(-r);
-            return -1;
-        }
-        errno = saved;
-        return r;
-    } catch (abi::__forced_unwind &) {
-        throw;
-    } catch (const std::bad_alloc &) {
-        errno = ENOMEM;
-        return -1;
-    } catch (...) {
-        noteInternalError();
-        errno = EIO;
-        return -1;
-    }
+    return cBoundary(std::forward<F>(f), noteInternalError);
 }
 
 // Cancellation off for engine calls made from interposers glibc declares noexcept: a forced

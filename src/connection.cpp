@@ -13,6 +13,7 @@
 // format of the words.
 
 #include "connection.h"
+#include "clock.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -33,14 +34,6 @@
 namespace rstream {
 
 namespace {
-
-int64_t nowNs()
-{
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
 int64_t deadlineFor(int timeoutMs)
 {
     return timeoutMs < 0 ? 0 : nowNs() + int64_t(timeoutMs) * 1000000;
@@ -995,6 +988,18 @@ int Connection::arm()
     std::lock_guard<std::mutex> lock(mutex_);
     if (!ep_)
         return 0;
+    int ret = armLocked();
+    if (ret != -EAGAIN)
+        return ret;
+    // Something is pending that the last look did not take (the EQ is read only now and then
+    // while connected): take it all, and let the caller look again if it changed anything.
+    changed_ = false;
+    processEqLocked();
+    processCqLocked();
+    if (changed_) {
+        wakeSleepersLocked();
+        return -EAGAIN;
+    }
     return armLocked();
 }
 

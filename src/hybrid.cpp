@@ -2,6 +2,7 @@
 // The shim's sockets: fabric first, kernel TCP when the peer has no fabric listener.
 
 #include "hybrid.h"
+#include "clock.h"
 
 #include <algorithm>
 #include <arpa/inet.h>
@@ -21,15 +22,7 @@
 namespace rstream {
 
 namespace {
-
 std::atomic<bool> gEngineUsed{false};
-
-int64_t nowMs()
-{
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return int64_t(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
-}
 
 int portOf(const sockaddr *addr)
 {

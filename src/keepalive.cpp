@@ -12,20 +12,13 @@
 #include <cerrno>
 #include <ctime>
 
+#include "clock.h"
 #include "connection.h"
 #include "progress.h"
 
 namespace rstream {
 
 namespace {
-
-int64_t monoNs()
-{
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
 constexpr int64_t kSec = 1000000000;
 
 } // namespace
@@ -47,7 +40,7 @@ int Connection::setKeepalive(bool on, int idleSec, int intervalSec, int count)
     kaOn_ = on;
     if (!on)
         return 0;
-    int64_t now = monoNs();
+    int64_t now = nowNs();
     if (!was) {
         // As on Linux, the idle time counts from when keepalive is switched on.
         lastRxNs_ = now;

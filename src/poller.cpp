@@ -2,6 +2,7 @@
 // poll, select and epoll over engine sockets and kernel fds: spin, then sleep on wait fds.
 
 #include "poller.h"
+#include "clock.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -17,14 +18,6 @@
 namespace rstream {
 
 namespace {
-
-int64_t nowNs()
-{
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
 // The calling thread's wake-up eventfd: connections write it when another thread's progress
 // changes readiness (reading a CQ resets the wait fd, so the wait fd alone can miss that).
 class ThreadWake

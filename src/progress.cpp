@@ -2,6 +2,7 @@
 // The progress thread.
 
 #include "progress.h"
+#include "clock.h"
 
 #include <algorithm>
 #include <chrono>
@@ -30,17 +31,6 @@ ProgressThread &ProgressThread::instance()
     static ProgressThread *thread = new ProgressThread();
     return *thread;
 }
-
-namespace {
-
-int64_t nowNs()
-{
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
-} // namespace
 
 ProgressThread::ProgressThread()
 {

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include "boundary.h"
 #include "fdtable.h"
 #include "log.h"
 #include "poller.h"
@@ -56,30 +57,17 @@ int spinUs()
     return us;
 }
 
-// The C boundary: -errno becomes -1 with errno set; nothing but a thread cancellation's forced
-// unwind leaves as an exception.
+void internalError()
+{
+    static std::atomic<bool> logged{false};
+    if (!logged.exchange(true))
+        RS_LOG(Error, "internal error in the rsocket API (reported as EIO)");
+}
+
 template <class F>
 auto boundary(F &&f) -> decltype(f())
 {
-    try {
-        auto r = f();
-        if (r < 0) {
-            errno = static_cast<int>(-r);
-            return -1;
-        }
-        return r;
-    } catch (abi::__forced_unwind &) {
-        throw;
-    } catch (const std::bad_alloc &) {
-        errno = ENOMEM;
-        return -1;
-    } catch (...) {
-        static std::atomic<bool> logged{false};
-        if (!logged.exchange(true))
-            RS_LOG(Error, "internal error in the rsocket API");
-        errno = EIO;
-        return -1;
-    }
+    return cBoundary(std::forward<F>(f), internalError);
 }
 
 // A real kernel socket stands for each rsocket, so rsocket numbers never collide with other

@@ -2,6 +2,7 @@
 // Linux TCP socket semantics over the engine: states, errors, options and readiness.
 
 #include "socket.h"
+#include "clock.h"
 
 #include <algorithm>
 #include <arpa/inet.h>
@@ -21,14 +22,6 @@
 namespace rstream {
 
 namespace {
-
-int64_t nowMs()
-{
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return int64_t(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
-}
-
 long readSysctl(const char *path, long fallback)
 {
     FILE *f = std::fopen(path, "re");

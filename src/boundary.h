@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: MIT
+// The C boundary of the exported APIs: -errno becomes -1 with errno set, exactly once.
+#pragma once
+
+#include <cerrno>
+#include <cxxabi.h>
+#include <new>
+
+namespace rstream {
+
+// Runs f (which returns a count or -errno) and converts -errno to -1/errno. Nothing but a
+// thread cancellation's forced unwind leaves as an exception; anything else is reported through
+// internalError (once is enough) and becomes EIO. errno is left as the caller had it on success,
+// as a syscall leaves it.
+template <class F, class E> auto cBoundary(F &&f, E &&internalError) -> decltype(f())
+{
+    const int saved = errno;
+    try {
+        auto r = f();
+        if (r < 0) {
+            errno = static_cast<int>(-r);
+            return -1;
+        }
+        errno = saved;
+        return r;
+    } catch (abi::__forced_unwind &) {
+        throw;
+    } catch (const std::bad_alloc &) {
+        errno = ENOMEM;
+        return -1;
+    } catch (...) {
+        internalError();
+        errno = EIO;
+        return -1;
+    }
+}
+
+} // namespace rstream
