@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -967,6 +968,14 @@ ssize_t Connection::peekRecv()
     return peekRecvLocked();
 }
 
+void Connection::peek(ssize_t *recv, ssize_t *send)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    progressLocked();
+    *recv = peekRecvLocked();
+    *send = peekSendLocked();
+}
+
 ssize_t Connection::peekSend()
 {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -1015,6 +1024,23 @@ void Connection::removeWaiter(int eventFd)
     auto it = std::find(sleepers_.begin(), sleepers_.end(), eventFd);
     if (it != sleepers_.end())
         sleepers_.erase(it);
+}
+
+std::string Connection::debugState()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    char buf[512];
+    std::snprintf(buf, sizeof(buf),
+                  "state=%d err=%d rx(w=%llu c=%llu) tx(tail=%llu posted=%llu done=%llu) "
+                  "ops=%llu/%llu inflight=%llu inject=%d watched=%d sleepers=%zu peerShutWr=%d "
+                  "closing=%d closed=%d",
+                  static_cast<int>(state_), error_, (unsigned long long)rx_.written,
+                  (unsigned long long)rx_.consumed, (unsigned long long)tx_.tail,
+                  (unsigned long long)tx_.posted, (unsigned long long)tx_.done,
+                  (unsigned long long)txHead_, (unsigned long long)txNext_,
+                  (unsigned long long)writesInFlight_, int(injectPending_), int(watched_),
+                  sleepers_.size(), int(peerShutWr_), int(closing_), int(closed_));
+    return buf;
 }
 
 Connection::Info Connection::info()

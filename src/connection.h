@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <netinet/in.h>
+#include <string>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <vector>
@@ -75,6 +76,8 @@ public:
     // -errno (-ENOTCONN while connecting, -EPIPE after shutdown(WR), -ECONNRESET).
     ssize_t peekRecv();
     ssize_t peekSend();
+    // Both, with one round of progress (what poll needs).
+    void peek(ssize_t *recv, ssize_t *send);
 
     // shutdown(2) semantics: SHUT_RD, SHUT_WR, SHUT_RDWR.
     int shutdown(int how);
@@ -139,6 +142,8 @@ public:
     // Statistics.
     uint64_t bytesSent() const { return bytesSent_.load(std::memory_order_relaxed); }
     uint64_t bytesReceived() const { return bytesReceived_.load(std::memory_order_relaxed); }
+    // One line of internal state, for diagnostics.
+    std::string debugState();
 
     // For the progress thread: makes progress if nobody else is. Returns kProgressDone when no
     // work remains that needs progress without the application, kProgressMore while some does

@@ -874,6 +874,19 @@ int HybridSocket::kernelFd()
     return mode() == Mode::Kernel ? fd_ : -1;
 }
 
+std::string HybridSocket::debugState()
+{
+    std::shared_ptr<Socket> s;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        s = sock_;
+    }
+    std::string r = "fd=" + std::to_string(fd_) + " mode=" + std::to_string(int(mode()));
+    if (s)
+        r += " " + s->debugState();
+    return r;
+}
+
 uint64_t HybridSocket::bytesSent()
 {
     return sent_.load(std::memory_order_relaxed);

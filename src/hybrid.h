@@ -139,6 +139,7 @@ public:
     uint64_t generation(int events) override;
     int kernelFd() override;
 
+    std::string debugState();
     uint64_t bytesSent();
     uint64_t bytesReceived();
 

@@ -316,15 +316,19 @@ int EpollSet::ctl(int op, int fd, const epoll_event *event, const std::shared_pt
                            [&](const Entry &e) { return e.fd == fd && e.sock.lock() == sock; });
     switch (op) {
     case EPOLL_CTL_ADD: {
-        if (it != entries_.end())
+        if (it != entries_.end()) {
+            RS_LOG(Debug, "epoll %d: add of fd %d: already there", epfd_, fd);
             return -EEXIST;
+        }
         Entry e{fd, sock, event->events, event->data, ~uint64_t(0), 0, false};
         entries_.push_back(e);
         return 0;
     }
     case EPOLL_CTL_MOD:
-        if (it == entries_.end())
+        if (it == entries_.end()) {
+            RS_LOG(Debug, "epoll %d: mod of fd %d: not there", epfd_, fd);
             return -ENOENT;
+        }
         it->events = event->events;
         it->data = event->data;
         it->lastGen = ~uint64_t(0);
@@ -332,8 +336,10 @@ int EpollSet::ctl(int op, int fd, const epoll_event *event, const std::shared_pt
         it->disabled = false;
         return 0;
     case EPOLL_CTL_DEL:
-        if (it == entries_.end())
+        if (it == entries_.end()) {
+            RS_LOG(Debug, "epoll %d: del of fd %d: not there", epfd_, fd);
             return -ENOENT;
+        }
         entries_.erase(it);
         return 0;
     default:
@@ -369,8 +375,10 @@ int EpollSet::collect(epoll_event *events, int maxevents)
     const size_t count = entries_.size();
     if (next_ >= count)
         next_ = 0;
+    // Fairness: each scan starts after the last entry reported by the previous one.
+    const size_t start = next_;
     for (size_t k = 0; k < count && n < maxevents; k++) {
-        size_t i = (next_ + k) % count;
+        size_t i = (start + k) % count;
         Entry &e = entries_[i];
         if (e.disabled)
             continue;

@@ -1168,8 +1168,8 @@ int Socket::pollEvents(int events)
     }
     if (listener)
         return listener->pending() ? (POLLIN & events) : 0;
-    ssize_t r = conn->peekRecv();
-    ssize_t s = conn->peekSend();
+    ssize_t r, s;
+    conn->peek(&r, &s);
     if (reported || (r < 0 && r != -EAGAIN)) {
         rev |= POLLIN | POLLRDHUP | POLLOUT | POLLHUP;
         if (!reported)
@@ -1242,6 +1242,21 @@ void Socket::setBackgroundAccept(bool on)
     }
     if (l)
         l->setBackgroundAccept(on);
+}
+
+std::string Socket::debugState()
+{
+    std::shared_ptr<Connection> conn;
+    int st;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        conn = conn_;
+        st = static_cast<int>(state_);
+    }
+    std::string r = "sock=" + std::to_string(st);
+    if (conn)
+        r += " " + conn->debugState();
+    return r;
 }
 
 bool Socket::isListening()

@@ -96,6 +96,7 @@ public:
 
     // Whether the listener answers connection requests without the application (default on).
     void setBackgroundAccept(bool on);
+    std::string debugState();
     bool isListening();
     bool isConnected();
     // Statistics.
