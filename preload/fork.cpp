@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "crash.h"
 #include "shim.h"
 
 using namespace rstream;
@@ -29,6 +30,17 @@ void forEachSocket(F &&f)
         seen.push_back(s.get());
         f(*s);
     }
+}
+
+// For a debugger: `call rstreamDebugDump()` prints every shim socket's state to stderr.
+extern "C" __attribute__((used)) void rstreamDebugDump()
+{
+    EngineCall ec;
+    forEachSocket([](HybridSocket &s) {
+        std::string line = s.debugState() + "\n";
+        ssize_t r = real_write()(2, line.data(), line.size());
+        (void)r;
+    });
 }
 
 // ---- fork -------------------------------------------------------------------------------------
@@ -132,6 +144,7 @@ __attribute__((constructor)) void preloadInit()
         atexit(writeStats);
     }
     pthread_atfork(nullptr, inParent, inChild);
+    installCrashHandler(); // RSTREAM_BACKTRACE=0 turns it off
 }
 
 } // namespace

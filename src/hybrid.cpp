@@ -554,6 +554,8 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
             if (r == 0) {
                 std::lock_guard<std::mutex> lock(mutex_);
                 s->setNonblocking(nonblocking());
+                if (!nonblocking())
+                    s->confirmConnected();
                 sock_ = std::move(s);
                 peerLen_ = std::min<socklen_t>(len, sizeof(peer_));
                 std::memcpy(&peer_, addr, peerLen_);

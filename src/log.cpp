@@ -32,6 +32,8 @@ int levelFromEnv()
 
 int gLogFd = STDERR_FILENO;
 std::once_flag gLogOnce;
+// gLogFd once settled; an atomic so that a signal handler on any thread may read it.
+std::atomic<int> gLogFdReady{-1};
 
 void openLogFile()
 {
@@ -52,13 +54,24 @@ void openLogFile()
         gLogFd = fd;
 }
 
+void openLog()
+{
+    openLogFile();
+    gLogFdReady.store(gLogFd, std::memory_order_release);
+}
+
 } // namespace
 
 std::atomic<int> gLogLevel{levelFromEnv()};
 
 void logInit()
 {
-    std::call_once(gLogOnce, openLogFile);
+    std::call_once(gLogOnce, openLog);
+}
+
+int logFd()
+{
+    return gLogFdReady.load(std::memory_order_acquire);
 }
 
 void logWrite(LogLevel level, const char *fmt, ...)

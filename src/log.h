@@ -18,6 +18,9 @@ enum class LogLevel : int
 extern std::atomic<int> gLogLevel;
 
 void logInit();
+// The fd log lines go to, or -1 before the first line opened it (RSTREAM_LOG_FILE is opened
+// lazily). Async-signal-safe: for the crash handler, which opens the file itself on -1.
+int logFd();
 void logWrite(LogLevel level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 } // namespace rstream

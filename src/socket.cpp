@@ -1233,6 +1233,12 @@ uint64_t Socket::generation(int events)
     return g;
 }
 
+void Socket::confirmConnected()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    connectPending_ = false;
+}
+
 void Socket::setBackgroundAccept(bool on)
 {
     std::shared_ptr<Listener> l;

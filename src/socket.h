@@ -94,6 +94,9 @@ public:
     void addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered) override;
     uint64_t generation(int events) override;
 
+    // The caller reported the connect's completion itself (a blocking connect that returned 0):
+    // a later connect() gives EISCONN, not the "0 once" of a nonblocking connect.
+    void confirmConnected();
     // Whether the listener answers connection requests without the application (default on).
     void setBackgroundAccept(bool on);
     std::string debugState();
