@@ -12,7 +12,8 @@ namespace rstream {
 // thread cancellation's forced unwind leaves as an exception; anything else is reported through
 // internalError (once is enough) and becomes EIO. errno is left as the caller had it on success,
 // as a syscall leaves it.
-template <class F, class E> auto cBoundary(F &&f, E &&internalError) -> decltype(f())
+template <class F, class E>
+auto cBoundary(F &&f, E &&internalError) -> decltype(f())
 {
     const int saved = errno;
     try {

@@ -15,15 +15,15 @@ struct Settings
     static constexpr uint32_t kMinQueue = 8;
     static constexpr uint32_t kMaxQueue = 8191;
 
-    size_t sendBuf = 32 * 1024;   // send ring bytes
-    size_t recvBuf = 32 * 1024;   // receive ring bytes
-    uint32_t txSize = 384;        // send queue entries
-    uint32_t rxSize = 384;        // receive queue entries (message credits given to the peer)
-    uint32_t pollUs = 50;         // spin this long making progress before sleeping
-    int connectTimeoutMs = 2000;  // bound on connection establishment (also the shim's fallback)
-    bool iwarp = false;           // force RMA write + small send instead of write with immediate
-    bool strict = false;          // ask the provider for verbs-shaped MR semantics (tests)
-    std::string provider;         // empty: verbs when usable, else tcp
+    size_t sendBuf = 32 * 1024;  // send ring bytes
+    size_t recvBuf = 32 * 1024;  // receive ring bytes
+    uint32_t txSize = 384;       // send queue entries
+    uint32_t rxSize = 384;       // receive queue entries (message credits given to the peer)
+    uint32_t pollUs = 50;        // spin this long making progress before sleeping
+    int connectTimeoutMs = 2000; // bound on connection establishment (also the shim's fallback)
+    bool iwarp = false;          // force RMA write + small send instead of write with immediate
+    bool strict = false;         // ask the provider for verbs-shaped MR semantics (tests)
+    std::string provider;        // empty: verbs when usable, else tcp
 
     // The defaults overridden by RSTREAM_* environment variables. Invalid values are logged
     // once and ignored.
