@@ -695,6 +695,10 @@ void Connection::handleWordLocked(uint32_t word)
             break; // any word is an answer: rxSeen_
         }
         break;
+    case wire::Op::IoMap:
+        // We announced no windows table (ioMapSize 0): the peer may not map any.
+        failLocked(-ECONNRESET, "window record without a table");
+        return;
     }
 }
 
