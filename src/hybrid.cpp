@@ -290,6 +290,18 @@ HybridSocket::HybridSocket(int fd, int family, bool nonblocking, const KernelOps
     nonblock_.store(nonblocking, std::memory_order_relaxed);
 }
 
+std::pair<std::shared_ptr<Socket>, HybridSocket::Mode> HybridSocket::snapshot()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {sock_, mode_.load()};
+}
+
+std::shared_ptr<Socket> HybridSocket::socket()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    return sock_;
+}
+
 HybridSocket::~HybridSocket()
 {
     // What this socket moved is added when it goes; RSTREAM_STATS adds the open ones.
@@ -300,13 +312,7 @@ HybridSocket::~HybridSocket()
 void HybridSocket::setNonblocking(bool on)
 {
     nonblock_.store(on, std::memory_order_relaxed);
-    std::shared_ptr<Socket> s;
-    Mode m;
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        s = sock_;
-        m = mode_.load();
-    }
+    auto [s, m] = snapshot();
     if (m == Mode::Fabric && s)
         s->setNonblocking(on);
     if (m != Mode::Listener) {
@@ -584,11 +590,7 @@ ssize_t HybridSocket::send(const iovec *iov, int iovcnt, int flags)
         return -EIO;
     if (m != Mode::Fabric)
         return -ENOTSOCK; // the shim forwards other modes to the kernel
-    std::shared_ptr<Socket> s;
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        s = sock_;
-    }
+    std::shared_ptr<Socket> s = socket();
     ssize_t r = s->send(iov, iovcnt, flags);
     if (r > 0)
         sent_.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
@@ -602,11 +604,7 @@ ssize_t HybridSocket::recv(const iovec *iov, int iovcnt, int flags)
         return -EIO;
     if (m != Mode::Fabric)
         return -ENOTSOCK;
-    std::shared_ptr<Socket> s;
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        s = sock_;
-    }
+    std::shared_ptr<Socket> s = socket();
     ssize_t r = s->recv(iov, iovcnt, flags);
     if (r > 0 && !(flags & MSG_PEEK))
         received_.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
@@ -615,13 +613,7 @@ ssize_t HybridSocket::recv(const iovec *iov, int iovcnt, int flags)
 
 int HybridSocket::shutdown(int how)
 {
-    std::shared_ptr<Socket> s;
-    Mode m;
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        s = sock_;
-        m = mode_.load();
-    }
+    auto [s, m] = snapshot();
     switch (m) {
     case Mode::Fabric:
         return s->shutdown(how);
@@ -670,13 +662,7 @@ int HybridSocket::setsockopt(int level, int name, const void *val, socklen_t len
 
 int HybridSocket::getsockopt(int level, int name, void *val, socklen_t *len)
 {
-    std::shared_ptr<Socket> s;
-    Mode m;
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        s = sock_;
-        m = mode_.load();
-    }
+    auto [s, m] = snapshot();
     if (m == Mode::Fabric)
         return s->getsockopt(level, name, val, len);
     if (m == Mode::Inherited)
@@ -686,13 +672,7 @@ int HybridSocket::getsockopt(int level, int name, void *val, socklen_t *len)
 
 int HybridSocket::getsockname(sockaddr *addr, socklen_t *len)
 {
-    std::shared_ptr<Socket> s;
-    Mode m;
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        s = sock_;
-        m = mode_.load();
-    }
+    auto [s, m] = snapshot();
     if (m != Mode::Fabric)
         return k_.getsockname(fd_, addr, len) < 0 ? -errno : 0;
     int r = s->localAddress(addr, len);
@@ -732,11 +712,7 @@ int HybridSocket::getpeername(sockaddr *addr, socklen_t *len)
 
 int HybridSocket::fionread(int *bytes)
 {
-    std::shared_ptr<Socket> s;
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        s = sock_;
-    }
+    std::shared_ptr<Socket> s = socket();
     if (mode() != Mode::Fabric || !s)
         return -ENOTTY;
     return s->readable(bytes);
@@ -799,13 +775,7 @@ int HybridSocket::kernelPollNow(int events)
 
 int HybridSocket::pollEvents(int events)
 {
-    std::shared_ptr<Socket> s;
-    Mode m;
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        s = sock_;
-        m = mode_.load();
-    }
+    auto [s, m] = snapshot();
     switch (m) {
     case Mode::Fabric:
         return s->pollEvents(events);
@@ -824,13 +794,7 @@ int HybridSocket::pollEvents(int events)
 
 int HybridSocket::prepareWait(std::vector<pollfd> *fds, int events)
 {
-    std::shared_ptr<Socket> s;
-    Mode m;
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        s = sock_;
-        m = mode_.load();
-    }
+    auto [s, m] = snapshot();
     switch (m) {
     case Mode::Fabric:
         return s->prepareWait(fds, events);
@@ -847,11 +811,7 @@ int HybridSocket::prepareWait(std::vector<pollfd> *fds, int events)
 
 void HybridSocket::addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered)
 {
-    std::shared_ptr<Socket> s;
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        s = sock_;
-    }
+    std::shared_ptr<Socket> s = socket();
     Mode m = mode();
     if (s && (m == Mode::Fabric || m == Mode::Listener))
         s->addWaiter(eventFd, registered);
@@ -859,11 +819,7 @@ void HybridSocket::addWaiter(int eventFd, std::vector<std::shared_ptr<Connection
 
 uint64_t HybridSocket::generation(int events)
 {
-    std::shared_ptr<Socket> s;
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        s = sock_;
-    }
+    std::shared_ptr<Socket> s = socket();
     if (mode() == Mode::Fabric && s)
         return s->generation(events);
     // Kernel-backed readiness has no event count: every look counts as new (EPOLLET acts as
@@ -878,11 +834,7 @@ int HybridSocket::kernelFd()
 
 std::string HybridSocket::debugState()
 {
-    std::shared_ptr<Socket> s;
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        s = sock_;
-    }
+    std::shared_ptr<Socket> s = socket();
     std::string r = "fd=" + std::to_string(fd_) + " mode=" + std::to_string(int(mode()));
     if (s)
         r += " " + s->debugState();

@@ -152,6 +152,9 @@ private:
     };
 
     int connectFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out);
+    // The engine socket and the mode, read together.
+    std::pair<std::shared_ptr<Socket>, Mode> snapshot();
+    std::shared_ptr<Socket> socket();
     int kernelPollNow(int events);
     void countFallbackIfEstablished();
     int applyOptions(Socket &s);
