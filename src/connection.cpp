@@ -24,6 +24,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <rdma/fi_cm.h>
@@ -35,6 +36,13 @@
 namespace rstream {
 
 namespace {
+// waitFor(): the send ring is empty (it may grow).
+constexpr int kSendDrained = 1 << 8;
+// The receive ring grows (x4) when the application read this many rings' worth within the
+// window.
+constexpr uint64_t kGrowRings = 4;
+constexpr int64_t kGrowWindowNs = 100'000'000;
+
 int64_t deadlineFor(int timeoutMs)
 {
     return timeoutMs < 0 ? 0 : nowNs() + int64_t(timeoutMs) * 1000000;
@@ -147,7 +155,8 @@ Connection::~Connection()
         fi_freeinfo(info_);
     delete[] txOps_;
     delete[] rxSlots_;
-    std::free(mem_);
+    if (mem_)
+        munmap(mem_, memSize_);
 }
 
 int Connection::bind(const sockaddr *addr, socklen_t len)
@@ -178,17 +187,29 @@ int Connection::setup(const fi_info *info)
                {settings_.rxSize, static_cast<uint32_t>(info->rx_attr->size), wire::kMaxSlots}));
     tx_.size = settings_.sendBuf;
     rx_.size = settings_.recvBuf;
+    // Rings grow in place, in areas reserved up front; a provider that pins what is registered
+    // (FI_MR_ALLOCATED, verbs) would pin the whole reservation, so there they keep their size.
+    const bool canReserve = !caps.mrAllocated;
+    growSend_ = canReserve && settings_.sendBufMax > tx_.size;
+    growRecv_ = canReserve && settings_.recvBufMax > rx_.size;
+    sendReserve_ = growSend_ ? std::max(settings_.sendBufMax, tx_.size) : tx_.size;
+    // Each new receive ring follows the previous one, and each is at least twice as big.
+    recvReserve_ = growRecv_ ? rx_.size + 2 * settings_.recvBufMax : rx_.size;
 
     size_t sendOff = 0;
-    size_t recvOff = alignUp(sendOff + tx_.size, 4096);
-    size_t slotOff = alignUp(recvOff + rx_.size, 4096);
+    size_t recvOff = alignUp(sendOff + sendReserve_, 4096);
+    size_t slotOff = alignUp(recvOff + recvReserve_, 4096);
     size_t ctrlOff = alignUp(slotOff + rxCount_ * sizeof(uint32_t), 64);
     memSize_ = alignUp(ctrlOff + txCap_ * sizeof(uint32_t), 4096);
-    if (posix_memalign(reinterpret_cast<void **>(&mem_), 4096, memSize_))
+    void *mem = mmap(nullptr, memSize_, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mem == MAP_FAILED) {
+        memSize_ = 0;
         return -ENOMEM;
-    std::memset(mem_, 0, memSize_);
+    }
+    mem_ = static_cast<uint8_t *>(mem);
     sendBase_ = mem_ + sendOff;
-    recvBase_ = mem_ + recvOff;
+    recvArea_ = recvBase_ = mem_ + recvOff;
     slotWords_ = reinterpret_cast<uint32_t *>(mem_ + slotOff);
     ctrlWords_ = reinterpret_cast<uint32_t *>(mem_ + ctrlOff);
     txOps_ = new (std::nothrow) TxOp[txCap_]();
@@ -275,7 +296,8 @@ int Connection::registerMemory()
         return 0;
     };
     // Only the receive ring is remotely writable.
-    int ret = reg(recvBase_, rx_.size, FI_REMOTE_WRITE, &remoteMr_);
+    // The whole receive area: the rings it will hold are written under the same key.
+    int ret = reg(recvArea_, recvReserve_, FI_REMOTE_WRITE, &remoteMr_);
     if (ret < 0)
         return ret;
     if (caps.mrLocal) {
@@ -303,11 +325,12 @@ wire::Hello Connection::localHello() const
         h.flags |= wire::kFlagIwarp;
     if (domain_->caps().virtAddr) {
         h.flags |= wire::kFlagVirtAddr;
-        h.ringAddr = reinterpret_cast<uintptr_t>(recvBase_);
+        h.ringAddr = reinterpret_cast<uintptr_t>(recvArea_);
     }
     h.ringKey = fi_mr_key(remoteMr_);
     h.ringSize = static_cast<uint32_t>(rx_.size);
     h.rxSlots = rxCount_;
+    h.flags |= wire::kFlagGrow; // this end follows a peer's GROW
     return h;
 }
 
@@ -319,6 +342,9 @@ int Connection::applyPeerHello(const wire::Hello &peer)
     peerRingAddr_ = peer.ringAddr;
     peerKey_ = peer.ringKey;
     peer_.init(peer.ringSize, peer.rxSlots, wire::creditShift(peer.ringSize));
+    // Only a peer that answers GROW with SWITCH is asked to follow a growing ring.
+    if (!(peer.flags & wire::kFlagGrow))
+        growRecv_ = false;
     local_.init(rx_.size, rxCount_);
     return 0;
 }
@@ -679,7 +705,7 @@ void Connection::handleWordLocked(uint32_t word)
             }
             break;
         case wire::Ctrl::Reset:
-            rx_.consumed = rx_.written;
+            discardReadableLocked();
             failLocked(-ECONNRESET, "reset by peer");
             break;
         case wire::Ctrl::Keepalive:
@@ -687,6 +713,12 @@ void Connection::handleWordLocked(uint32_t word)
             break;
         case wire::Ctrl::KeepaliveAck:
             break; // any word is an answer: rxSeen_
+        case wire::Ctrl::Grow:
+            onGrowLocked(m->arg);
+            break;
+        case wire::Ctrl::Switch:
+            onSwitchLocked();
+            break;
         }
         break;
     }
@@ -750,6 +782,15 @@ void Connection::flushLocked(bool force)
 {
     if (state_ != State::Connected || error_ || closed_)
         return;
+    if (switchTo_) {
+        // The peer's GROW: SWITCH goes between our last write into its old ring and the first
+        // into the new one, which follows the old one in its registration.
+        if (sendWordLocked(wire::encodeCtrl(wire::Ctrl::Switch)) < 0)
+            return;
+        peerRingAddr_ += peer_.ringSize();
+        peer_.switchRing(switchTo_);
+        switchTo_ = 0;
+    }
     const uint32_t opsPerChunk = iwarp_ ? 2 : 1;
     const uint64_t maxChunk =
         std::clamp<uint64_t>(std::min(peer_.ringSize(), tx_.size) / 4, 4096, 256 * 1024);
@@ -827,6 +868,103 @@ void Connection::flushLocked(bool force)
                 shutWrSent_ = true;
         }
     }
+}
+
+void Connection::maybeGrowRecvLocked()
+{
+    // Only for a bulk reader: kGrowRings rings' worth consumed within kGrowWindowNs (a
+    // connection trickling requests never grows). One step at a time: the previous ring
+    // drained, no GROW unanswered.
+    const int64_t now = nowNs();
+    if (now - growWindowNs_ > kGrowWindowNs) {
+        growWindowNs_ = now;
+        consumedSinceGrow_ = 0;
+        return;
+    }
+    if (growSent_ || rxOld_.size || closing_ || peerShutWr_ || shutRd_)
+        return;
+    uint64_t want = std::min<uint64_t>(rx_.size * 4, settings_.recvBufMax);
+    uint32_t log2 = 63 - __builtin_clzll(want);
+    uint64_t size = uint64_t(1) << log2;
+    const uint64_t next = static_cast<uint64_t>(recvBase_ - recvArea_) + rx_.size;
+    if (size <= rx_.size || next + size > recvReserve_)
+        return;
+    auto word = wire::encodeGrow(log2);
+    if (!word || sendWordLocked(*word) < 0)
+        return;
+    growSent_ = true;
+    growSize_ = size;
+    local_.freezeRing();
+    consumedSinceGrow_ = 0;
+    growWindowNs_ = now;
+}
+
+void Connection::onSwitchLocked()
+{
+    if (!growSent_) {
+        failLocked(-ECONNRESET, "SWITCH without GROW");
+        return;
+    }
+    // Everything written before SWITCH is in the old ring; from here on the peer writes into
+    // the new one, which starts right after it.
+    rxOld_ = rx_;
+    rxOldBase_ = recvBase_;
+    recvBase_ += rx_.size;
+    rx_ = RecvRing{};
+    rx_.size = growSize_;
+    local_.switchRing(growSize_);
+    growSent_ = false;
+    recvGrowths_++;
+    if (rxOld_.readable() == 0)
+        consumeLocked(0);
+}
+
+void Connection::onGrowLocked(uint32_t log2)
+{
+    const uint64_t size = uint64_t(1) << log2;
+    // One at a time, and only ever bigger.
+    if (switchTo_ || size <= peer_.ringSize()) {
+        failLocked(-ECONNRESET, "malformed GROW from peer");
+        return;
+    }
+    switchTo_ = size;
+}
+
+void Connection::maybeGrowSendLocked()
+{
+    if (!sendGrowWanted_ || tx_.tail != tx_.done)
+        return;
+    // Empty: nothing in it is referenced, so the ring takes its new size in place.
+    sendGrowWanted_ = false;
+    uint64_t size = std::min<uint64_t>(tx_.size * 4, sendReserve_);
+    if (size > tx_.size) {
+        tx_.size = size;
+        sendGrowths_++;
+    }
+}
+
+void Connection::consumeLocked(uint64_t n)
+{
+    // (Never past what was written: a reset may have discarded the bytes meanwhile.)
+    uint64_t old = std::min(n, rxOld_.readable());
+    rxOld_.consumed += old;
+    if (rxOld_.size && rxOld_.readable() == 0) {
+        // The old ring is done with: give its pages back (the peer writes the new one).
+        madvise(rxOldBase_, rxOld_.size, MADV_DONTNEED);
+        rxOld_ = RecvRing{};
+        rxOldBase_ = nullptr;
+    }
+    uint64_t cur = std::min(n - old, rx_.readable());
+    rx_.consumed += cur;
+    local_.onConsumed(cur);
+    consumedSinceGrow_ += old + cur;
+    if (growRecv_ && consumedSinceGrow_ >= kGrowRings * rx_.size)
+        maybeGrowRecvLocked();
+}
+
+void Connection::discardReadableLocked()
+{
+    consumeLocked(readableLocked());
 }
 
 void Connection::failLocked(int err, const char *why)
@@ -923,8 +1061,8 @@ int Connection::backgroundProgress(bool *closedDone)
 
 ssize_t Connection::peekRecvLocked() const
 {
-    if (rx_.readable() > 0)
-        return static_cast<ssize_t>(rx_.readable());
+    if (readableLocked() > 0)
+        return static_cast<ssize_t>(readableLocked());
     if (state_ == State::Idle)
         return -ENOTCONN;
     if (error_)
@@ -1033,13 +1171,16 @@ std::string Connection::debugState()
     std::snprintf(buf, sizeof(buf),
                   "state=%d err=%d rx(w=%llu c=%llu) tx(tail=%llu posted=%llu done=%llu) "
                   "ops=%llu/%llu inflight=%llu inject=%d watched=%d sleepers=%zu peerShutWr=%d "
-                  "closing=%d closed=%d",
+                  "closing=%d closed=%d rings(tx=%llu rx=%llu old=%llu peer=%llu grow=%d/%llu)",
                   static_cast<int>(state_), error_, (unsigned long long)rx_.written,
                   (unsigned long long)rx_.consumed, (unsigned long long)tx_.tail,
                   (unsigned long long)tx_.posted, (unsigned long long)tx_.done,
                   (unsigned long long)txHead_, (unsigned long long)txNext_,
                   (unsigned long long)writesInFlight_, int(injectPending_), int(watched_),
-                  sleepers_.size(), int(peerShutWr_), int(closing_), int(closed_));
+                  sleepers_.size(), int(peerShutWr_), int(closing_), int(closed_),
+                  (unsigned long long)tx_.size, (unsigned long long)rx_.size,
+                  (unsigned long long)rxOld_.readable(), (unsigned long long)peer_.ringSize(),
+                  int(growSent_), (unsigned long long)switchTo_);
     return buf;
 }
 
@@ -1058,6 +1199,8 @@ Connection::Info Connection::info()
     i.bytesReceived = bytesReceived_.load(std::memory_order_relaxed);
     i.sendBuf = static_cast<uint32_t>(tx_.size);
     i.recvBuf = static_cast<uint32_t>(rx_.size);
+    i.sendGrowths = sendGrowths_;
+    i.recvGrowths = recvGrowths_;
     i.unackedBytes = static_cast<uint32_t>(tx_.unsent() + tx_.inFlight());
     i.probes = kaUnanswered_;
     i.probesSent = kaSent_;
@@ -1082,6 +1225,8 @@ int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
             ready |= kReadable;
         if ((events & kWritable) && peekSendLocked() != 0)
             ready |= kWritable;
+        if ((events & kSendDrained) && (tx_.tail == tx_.done || peekSendLocked() < 0))
+            ready |= kSendDrained;
         if (ready)
             return ready;
         if (!ep_)
@@ -1158,33 +1303,46 @@ ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs
     size_t sent = 0;
     for (;;) {
         uint64_t pos, n;
+        uint8_t *base;
+        uint64_t size;
+        bool drain = false;
         {
             std::lock_guard<std::mutex> lock(mutex_);
+            maybeGrowSendLocked();
             // With room for all of it already, progress can wait for the flush and the next
             // call: a ping-pong saves a CQ poll (a system call on tcp) per message.
             ssize_t space = peekSendLocked();
             if (space < 0 || uint64_t(space) < total - sent) {
                 progressLocked();
+                maybeGrowSendLocked();
                 space = peekSendLocked();
             }
             if (space < 0)
                 return sent ? static_cast<ssize_t>(sent) : space;
             if (total == 0)
                 return 0;
-            n = std::min<uint64_t>(static_cast<uint64_t>(space), total - sent);
+            // The ring holds the application back while the peer's ring has more room: it
+            // grows once its writes completed (blocking senders wait for that).
+            if (uint64_t(space) < total - sent && growSend_ && tx_.size < sendReserve_ &&
+                peer_.ringSize() > tx_.size)
+                sendGrowWanted_ = true;
+            drain = sendGrowWanted_ && !(flags & kNonBlock);
+            n = drain ? 0 : std::min<uint64_t>(static_cast<uint64_t>(space), total - sent);
             pos = tx_.tail;
+            base = sendBase_;
+            size = tx_.size;
         }
         if (n == 0) {
             if (flags & kNonBlock)
                 return sent ? static_cast<ssize_t>(sent) : -EAGAIN;
-            int r = waitFor(kWritable, deadline, true);
+            int r = waitFor(drain ? kSendDrained : kWritable, deadline, true);
             if (r < 0)
                 return sent ? static_cast<ssize_t>(sent) : r;
             if (r == 0)
                 return sent ? static_cast<ssize_t>(sent) : -EAGAIN;
             continue;
         }
-        copyRing(sendBase_, tx_.size, tx_.offset(pos), iov, iovcnt, sent, n, true);
+        copyRing(base, size, pos % size, iov, iovcnt, sent, n, true);
         {
             std::lock_guard<std::mutex> lock(mutex_);
             tx_.tail += n;
@@ -1216,19 +1374,31 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
     std::lock_guard<std::mutex> recvLock(recvMutex_);
     size_t copied = 0;
     for (;;) {
-        uint64_t pos, n;
+        uint64_t n;
         ssize_t state;
         bool progressed = false;
+        // The readable bytes: those left in the ring before the last growth, then the current
+        // ring's. Taken under the lock; the bytes stay in place until consumed.
+        struct Span
+        {
+            uint8_t *base;
+            uint64_t size, off, len;
+        } spans[2];
         {
             std::lock_guard<std::mutex> lock(mutex_);
             // Data already reaped is returned without another CQ poll; the next call polls.
-            if (rx_.readable() == 0) {
+            if (readableLocked() == 0) {
                 progressLocked();
                 progressed = true;
             }
             state = peekRecvLocked();
-            pos = rx_.consumed;
             n = state > 0 ? std::min<uint64_t>(state, total - copied) : 0;
+            spans[0] = {rxOldBase_, rxOld_.size, 0, std::min(n, rxOld_.readable())};
+            if (spans[0].len)
+                spans[0].off = rxOld_.offset(rxOld_.consumed);
+            spans[1] = {recvBase_, rx_.size, 0, n - spans[0].len};
+            if (spans[1].len)
+                spans[1].off = rx_.offset(rx_.consumed);
             // MSG_PEEK with MSG_WAITALL waits until the whole length can be peeked.
             if ((flags & kPeek) && (flags & kWaitAll) && state > 0 && uint64_t(state) < total)
                 n = 0, state = -EAGAIN;
@@ -1247,13 +1417,15 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
                 return copied ? static_cast<ssize_t>(copied) : -EAGAIN;
             continue;
         }
-        copyRing(recvBase_, rx_.size, rx_.offset(pos), iov, iovcnt, copied, n, false);
+        for (size_t i = 0, done = 0; i < 2; done += spans[i].len, i++)
+            if (spans[i].len)
+                copyRing(spans[i].base, spans[i].size, spans[i].off, iov, iovcnt, copied + done,
+                         spans[i].len, false);
         if (flags & kPeek)
             return static_cast<ssize_t>(n);
         {
             std::lock_guard<std::mutex> lock(mutex_);
-            rx_.consumed += n;
-            local_.onConsumed(n);
+            consumeLocked(n);
             sendCreditsLocked();
             watch();
         }
@@ -1297,7 +1469,7 @@ void Connection::close(std::unique_ptr<Connection> conn)
         if ((conn->state_ != State::Connected && conn->state_ != State::Accepting) ||
             conn->error_ || conn->closed_)
             return;
-        if (conn->rx_.readable() > 0 && !conn->shutRd_) {
+        if (conn->readableLocked() > 0 && !conn->shutRd_) {
             // Unread data at close: the kernel resets the connection, and so do we.
             conn->sendWordLocked(wire::encodeCtrl(wire::Ctrl::Reset));
             conn->processCqLocked();

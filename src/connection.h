@@ -131,6 +131,8 @@ public:
         uint32_t unackedBytes = 0; // queued or in flight towards the peer
         uint32_t probes = 0;       // keepalive probes sent and not answered yet
         uint64_t probesSent = 0;   // keepalive probes sent in all
+        uint32_t sendGrowths = 0;  // times the send ring grew
+        uint32_t recvGrowths = 0;  // times the receive ring grew (the peer switched)
     };
     Info info();
 
@@ -205,6 +207,17 @@ private:
     void handleWordLocked(uint32_t word);
     void onTxCompleteLocked(TxOp *op);
     void flushLocked(bool force);
+    // Ring growth. Receiver: asks the peer to move to a bigger ring when it ran out of credit
+    // while the application reads in bulk. Sender: the send ring grows, once empty, when it is
+    // what holds the application back.
+    void maybeGrowRecvLocked();
+    void onSwitchLocked();
+    void onGrowLocked(uint32_t log2);
+    void maybeGrowSendLocked();
+    uint64_t readableLocked() const { return rxOld_.readable() + rx_.readable(); }
+    // The application consumed n bytes: the old ring's first, then the current one's.
+    void consumeLocked(uint64_t n);
+    void discardReadableLocked();
     int sendWordLocked(uint32_t word);
     void sendCreditsLocked();
     void failLocked(int err, const char *why);
@@ -235,10 +248,15 @@ private:
     fid_mr *remoteMr_ = nullptr;
     void *localDesc_ = nullptr;
 
-    uint8_t *mem_ = nullptr; // send ring | receive ring | receive slot words
+    // One anonymous mapping: send ring area | receive ring area | slot words | control words.
+    // The ring areas are reserved for growth; pages are only backed once touched.
+    uint8_t *mem_ = nullptr;
     size_t memSize_ = 0;
     uint8_t *sendBase_ = nullptr;
-    uint8_t *recvBase_ = nullptr;
+    uint8_t *recvArea_ = nullptr; // the registered receive area; rings follow each other in it
+    size_t sendReserve_ = 0;
+    size_t recvReserve_ = 0;
+    uint8_t *recvBase_ = nullptr;   // the current receive ring
     uint32_t *slotWords_ = nullptr; // one per posted receive (iWarp payloads)
     uint32_t *ctrlWords_ = nullptr; // sources for control sends that cannot be injected
 
@@ -284,6 +302,20 @@ private:
 
     SendRing tx_;
     RecvRing rx_;
+    // Growth. Receiver: the ring before the last SWITCH while it still holds unread bytes (size
+    // 0: none), a GROW awaiting its SWITCH. Sender: the peer's GROW awaiting our SWITCH.
+    RecvRing rxOld_;
+    uint8_t *rxOldBase_ = nullptr;
+    bool growRecv_ = false; // this end may grow its receive ring (and the peer follows GROW)
+    bool growSend_ = false;
+    bool growSent_ = false;
+    uint64_t growSize_ = 0;
+    uint64_t consumedSinceGrow_ = 0; // bytes read since growWindowNs_
+    int64_t growWindowNs_ = 0;
+    uint64_t switchTo_ = 0;
+    bool sendGrowWanted_ = false;
+    uint32_t recvGrowths_ = 0;
+    uint32_t sendGrowths_ = 0;
     PeerCredits peer_;
     LocalCredits local_;
     uint64_t peerRingAddr_ = 0;

@@ -43,6 +43,13 @@ public:
         slots_--;
     }
     void onCtrlSent() { slots_--; }
+    // The peer's ring was replaced by one of newSize bytes, all free (its GROW, our SWITCH).
+    void switchRing(uint64_t newSize)
+    {
+        ringSize_ = newSize;
+        shift_ = wire::creditShift(newSize);
+        written_ = freed_ = 0;
+    }
 
     // Applies a CREDIT from the peer; -EPROTO when it returns more than was used.
     int onCredit(uint32_t slots, uint32_t ringUnits)
@@ -75,16 +82,29 @@ public:
         shift_ = wire::creditShift(ringSize);
         consumed_ = reported_ = 0;
         slotsDue_ = 0;
+        frozen_ = false;
     }
 
     unsigned shift() const { return shift_; }
+    // GROW sent: the current ring is never credited again (the peer leaves it at SWITCH).
+    void freezeRing() { frozen_ = true; }
+    bool frozen() const { return frozen_; }
+    // SWITCH arrived: credits are for the new ring of newSize bytes from now on. Slots still owed
+    // stay owed.
+    void switchRing(uint64_t newSize)
+    {
+        ringSize_ = newSize;
+        shift_ = wire::creditShift(newSize);
+        consumed_ = reported_ = 0;
+        frozen_ = false;
+    }
 
     // A message consumed a receive slot; it has been reposted and is owed back.
     void onSlotReposted() { slotsDue_++; }
     // The application consumed bytes from the ring.
     void onConsumed(uint64_t bytes) { consumed_ += bytes; }
 
-    uint64_t ringDue() const { return consumed_ - reported_; }
+    uint64_t ringDue() const { return frozen_ ? 0 : consumed_ - reported_; }
     uint64_t reported() const { return reported_; }
     uint32_t slotsDue() const { return slotsDue_; }
 
@@ -126,6 +146,7 @@ private:
     uint32_t maxSlots_ = 0;
     uint32_t slotsDue_ = 0;
     unsigned shift_ = 0;
+    bool frozen_ = false;
 };
 
 } // namespace rstream

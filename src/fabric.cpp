@@ -205,6 +205,7 @@ int Domain::get(const fi_info *info, bool strict, std::shared_ptr<Domain> *out)
     c.virtAddr = mr & FI_MR_VIRT_ADDR;
     c.provKey = mr & FI_MR_PROV_KEY;
     c.mrEndpoint = mr & FI_MR_ENDPOINT;
+    c.mrAllocated = mr & FI_MR_ALLOCATED;
     c.rxCqData = info->mode & FI_RX_CQ_DATA;
     c.cqDataSize = info->domain_attr->cq_data_size;
     c.keySize = info->domain_attr->mr_key_size ? info->domain_attr->mr_key_size : 8;

@@ -18,13 +18,14 @@ namespace rstream {
 struct ProviderCaps
 {
     std::string name;
-    bool mrLocal = false;    // FI_MR_LOCAL: local buffers registered, descriptors passed
-    bool virtAddr = false;   // FI_MR_VIRT_ADDR: targets are virtual addresses, else offsets
-    bool provKey = false;    // FI_MR_PROV_KEY: the provider chooses keys
-    bool mrEndpoint = false; // FI_MR_ENDPOINT: MRs are bound to the endpoint
-    bool rxCqData = false;   // FI_RX_CQ_DATA: writes with data consume posted receives
-    size_t cqDataSize = 0;   // bytes of immediate data; 0 means none (iWarp mode)
-    size_t keySize = 8;      // bytes of a requested key
+    bool mrLocal = false;     // FI_MR_LOCAL: local buffers registered, descriptors passed
+    bool virtAddr = false;    // FI_MR_VIRT_ADDR: targets are virtual addresses, else offsets
+    bool provKey = false;     // FI_MR_PROV_KEY: the provider chooses keys
+    bool mrEndpoint = false;  // FI_MR_ENDPOINT: MRs are bound to the endpoint
+    bool mrAllocated = false; // FI_MR_ALLOCATED: registered memory must be backed (pinned)
+    bool rxCqData = false;    // FI_RX_CQ_DATA: writes with data consume posted receives
+    size_t cqDataSize = 0;    // bytes of immediate data; 0 means none (iWarp mode)
+    size_t keySize = 8;       // bytes of a requested key
     size_t injectSize = 0;
     uint32_t maxTx = 0;
     uint32_t maxRx = 0;

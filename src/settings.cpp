@@ -3,6 +3,7 @@
 
 #include "settings.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -58,7 +59,7 @@ int Settings::setSendBuf(size_t bytes)
 {
     if (bytes < kMinBuf || bytes > kMaxBuf)
         return -EINVAL;
-    sendBuf = bytes;
+    sendBuf = sendBufMax = bytes;
     return 0;
 }
 
@@ -66,7 +67,7 @@ int Settings::setRecvBuf(size_t bytes)
 {
     if (bytes < kMinBuf || bytes > kMaxBuf)
         return -EINVAL;
-    recvBuf = bytes;
+    recvBuf = recvBufMax = bytes;
     return 0;
 }
 
@@ -102,8 +103,34 @@ void fromEnvVar(const char *name, Setter set)
 Settings loadEnv()
 {
     Settings s;
-    fromEnvVar("RSTREAM_SEND_BUF", [&](uint64_t v) { return s.setSendBuf(v); });
-    fromEnvVar("RSTREAM_RECV_BUF", [&](uint64_t v) { return s.setRecvBuf(v); });
+    // The initial sizes; the rings still grow up to the limits, which 0 sets to the initial
+    // size (no growth).
+    fromEnvVar("RSTREAM_SEND_BUF_MAX", [&](uint64_t v) {
+        if (v != 0 && (v < Settings::kMinBuf || v > Settings::kMaxBuf))
+            return -EINVAL;
+        s.sendBufMax = v;
+        return 0;
+    });
+    fromEnvVar("RSTREAM_RECV_BUF_MAX", [&](uint64_t v) {
+        if (v != 0 && (v < Settings::kMinBuf || v > Settings::kMaxBuf))
+            return -EINVAL;
+        s.recvBufMax = v;
+        return 0;
+    });
+    fromEnvVar("RSTREAM_SEND_BUF", [&](uint64_t v) {
+        if (v < Settings::kMinBuf || v > Settings::kMaxBuf)
+            return -EINVAL;
+        s.sendBuf = v;
+        return 0;
+    });
+    fromEnvVar("RSTREAM_RECV_BUF", [&](uint64_t v) {
+        if (v < Settings::kMinBuf || v > Settings::kMaxBuf)
+            return -EINVAL;
+        s.recvBuf = v;
+        return 0;
+    });
+    s.sendBufMax = std::max(s.sendBufMax, s.sendBuf);
+    s.recvBufMax = std::max(s.recvBufMax, s.recvBuf);
     fromEnvVar("RSTREAM_TX_SIZE", [&](uint64_t v) { return s.setTxSize(v); });
     fromEnvVar("RSTREAM_RX_SIZE", [&](uint64_t v) { return s.setRxSize(v); });
     fromEnvVar("RSTREAM_POLL_US", [&](uint64_t v) {

@@ -15,8 +15,13 @@ struct Settings
     static constexpr uint32_t kMinQueue = 8;
     static constexpr uint32_t kMaxQueue = 8191;
 
-    size_t sendBuf = 32 * 1024;  // send ring bytes
-    size_t recvBuf = 32 * 1024;  // receive ring bytes
+    size_t sendBuf = 32 * 1024; // send ring bytes (at connection setup)
+    size_t recvBuf = 32 * 1024; // receive ring bytes (at connection setup)
+    // Rings grow up to these for bulk transfers, as Linux autotunes socket buffers (only on
+    // providers that do not pin registered memory). A size set explicitly (setSendBuf,
+    // SO_SNDBUF...) sets the limit too: the ring keeps the size asked for.
+    size_t sendBufMax = 1024 * 1024;
+    size_t recvBufMax = 1024 * 1024;
     uint32_t txSize = 384;       // send queue entries
     uint32_t rxSize = 384;       // receive queue entries (message credits given to the peer)
     uint32_t pollUs = 50;        // spin this long making progress before sleeping
@@ -29,7 +34,8 @@ struct Settings
     // once and ignored.
     static const Settings &fromEnv();
 
-    // Setters validate: -EINVAL for out-of-range values.
+    // Setters validate: -EINVAL for out-of-range values. The buffer setters fix the size (no
+    // growth).
     int setSendBuf(size_t bytes);
     int setRecvBuf(size_t bytes);
     int setTxSize(uint64_t entries);

@@ -336,10 +336,11 @@ int Socket::timeoutFor(int flags, bool send) const
 int Socket::applySettings(Settings *s)
 {
     *s = settings_;
+    // SO_SNDBUF/SO_RCVBUF fix the size, as they stop Linux from autotuning.
     if (sndBufReq_)
-        s->sendBuf = ringFor(sndBufReq_);
+        s->sendBuf = s->sendBufMax = ringFor(sndBufReq_);
     if (rcvBufReq_)
-        s->recvBuf = ringFor(rcvBufReq_);
+        s->recvBuf = s->recvBufMax = ringFor(rcvBufReq_);
     return 0;
 }
 
@@ -878,7 +879,11 @@ int Socket::setsockopt(int level, int name, const void *val, socklen_t len)
             if (v < static_cast<int>(Settings::kMinBuf) ||
                 static_cast<size_t>(v) > Settings::kMaxBuf)
                 return -EINVAL;
-            (name == kSendBuf ? settings_.sendBuf : settings_.recvBuf) = static_cast<size_t>(v);
+            // A size asked for is kept: the ring does not grow.
+            if (name == kSendBuf)
+                settings_.sendBuf = settings_.sendBufMax = static_cast<size_t>(v);
+            else
+                settings_.recvBuf = settings_.recvBufMax = static_cast<size_t>(v);
             (name == kSendBuf ? sndBufReq_ : rcvBufReq_) = 0;
             return 0;
         case kRdmaInline:

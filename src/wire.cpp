@@ -28,6 +28,13 @@ uint32_t encodeCtrl(Ctrl code)
     return (static_cast<uint32_t>(Op::Ctrl) << kOpShift) | static_cast<uint32_t>(code);
 }
 
+std::optional<uint32_t> encodeGrow(uint32_t log2)
+{
+    if (log2 < kMinRingLog2 || log2 > kMaxRingLog2)
+        return std::nullopt;
+    return encodeCtrl(Ctrl::Grow) | (log2 << kCtrlArgShift);
+}
+
 std::optional<Message> decode(uint32_t word)
 {
     uint32_t payload = word & kPayloadMask;
@@ -46,13 +53,19 @@ std::optional<Message> decode(uint32_t word)
         if (m.slots == 0 && m.ringUnits == 0)
             return std::nullopt;
         return m;
-    case static_cast<uint32_t>(Op::Ctrl):
-        if (payload < static_cast<uint32_t>(Ctrl::ShutWr) ||
-            payload > static_cast<uint32_t>(kLastCtrl))
+    case static_cast<uint32_t>(Op::Ctrl): {
+        uint32_t code = payload & kCtrlCodeMask;
+        uint32_t arg = payload >> kCtrlArgShift;
+        if (code < static_cast<uint32_t>(Ctrl::ShutWr) || code > static_cast<uint32_t>(kLastCtrl))
+            return std::nullopt;
+        if (code == static_cast<uint32_t>(Ctrl::Grow) ? (arg < kMinRingLog2 || arg > kMaxRingLog2)
+                                                      : arg != 0)
             return std::nullopt;
         m.op = Op::Ctrl;
-        m.ctrl = static_cast<Ctrl>(payload);
+        m.ctrl = static_cast<Ctrl>(code);
+        m.arg = arg;
         return m;
+    }
     default:
         return std::nullopt;
     }
@@ -126,7 +139,7 @@ int decodeHello(const void *data, size_t len, Hello *out)
     h.reserved = get<uint64_t>(p);
     if (h.magic != kMagic || h.version != kVersion)
         return -EPROTO;
-    if (h.flags & ~(kFlagIwarp | kFlagVirtAddr))
+    if (h.flags & ~(kFlagIwarp | kFlagVirtAddr | kFlagGrow))
         return -EINVAL;
     if (h.ringSize < 1024 || h.ringSize > (1u << 28) || h.rxSlots < 4 || h.rxSlots > kMaxSlots)
         return -EINVAL;

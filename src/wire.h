@@ -17,7 +17,10 @@
 //                payload bits 15..0  = ring space returned, in units of 2^shift bytes, the
 //                                      smallest shift for which the whole receive ring fits
 //                                      in 16 bits (ringSize >> shift <= 65535)
-//   op 2 CTRL    payload = control code (SHUT_WR, DISCONNECT, RESET, KEEPALIVE, KEEPALIVE_ACK)
+//   op 2 CTRL    payload bits 7..0  = control code (SHUT_WR, DISCONNECT, RESET, KEEPALIVE,
+//                                      KEEPALIVE_ACK, GROW, SWITCH)
+//                payload bits 12..8 = GROW: log2 of the new ring size (10 .. 28); else 0
+//                payload bits 28..13 = 0
 //   op 3..7      invalid: the connection is reset
 #pragma once
 
@@ -45,8 +48,16 @@ enum class Ctrl : uint32_t
     // so two probing ends cannot ping-pong.
     Keepalive = 4,
     KeepaliveAck = 5,
+    // Receive ring growth (the receiver's ring only grows, and only towards a sender whose hello
+    // has kFlagGrow). GROW tells the sender the receiver has a ring of 2^arg bytes ready right
+    // after its current one in the same registration (at ring address + current size); from
+    // then on the receiver returns no more ring credit for the current ring. The sender answers
+    // SWITCH, ordered after its last write into the current ring and before its first write into
+    // the new one, which starts with all of it free.
+    Grow = 6,
+    Switch = 7,
 };
-constexpr Ctrl kLastCtrl = Ctrl::KeepaliveAck;
+constexpr Ctrl kLastCtrl = Ctrl::Switch;
 
 constexpr unsigned kOpShift = 29;
 constexpr uint32_t kPayloadMask = (1u << kOpShift) - 1;
@@ -54,6 +65,10 @@ constexpr uint32_t kMaxDataLen = kPayloadMask;
 constexpr unsigned kSlotShift = 16;
 constexpr uint32_t kMaxSlots = (1u << 13) - 1;
 constexpr uint32_t kMaxRingUnits = 0xffff;
+constexpr unsigned kCtrlArgShift = 8;
+constexpr uint32_t kCtrlCodeMask = 0xff;
+constexpr uint32_t kMinRingLog2 = 10;
+constexpr uint32_t kMaxRingLog2 = 28;
 
 struct Message
 {
@@ -62,6 +77,7 @@ struct Message
     uint32_t slots = 0;     // Credit
     uint32_t ringUnits = 0; // Credit
     Ctrl ctrl{};            // Ctrl
+    uint32_t arg = 0;       // Ctrl GROW: log2 of the new ring size
 
     bool operator==(const Message &) const = default;
 };
@@ -70,6 +86,8 @@ struct Message
 std::optional<uint32_t> encodeData(uint32_t len);
 std::optional<uint32_t> encodeCredit(uint32_t slots, uint32_t ringUnits);
 uint32_t encodeCtrl(Ctrl code);
+// GROW to a ring of 2^log2 bytes; nullopt out of kMinRingLog2 .. kMaxRingLog2.
+std::optional<uint32_t> encodeGrow(uint32_t log2);
 
 // Decodes a word from the wire; nullopt when it is malformed.
 std::optional<Message> decode(uint32_t word);
@@ -88,6 +106,7 @@ enum HelloFlags : uint16_t
 {
     kFlagIwarp = 1 << 0,    // use RMA write + small send instead of write with immediate
     kFlagVirtAddr = 1 << 1, // ringAddr is a virtual address (FI_MR_VIRT_ADDR), else an offset
+    kFlagGrow = 1 << 2,     // the sender of this hello understands GROW and answers SWITCH
 };
 
 struct Hello

@@ -217,6 +217,59 @@ TEST_P(EngineTest, SixtyFourMiBThroughFourKiBReceiveBuffer)
     EXPECT_EQ(checksum(a.data(), size), checksum(r.data(), size));
 }
 
+// Bulk transfers grow both rings, as Linux autotunes socket buffers, up to the limits; where the
+// provider pins registered memory (strict mode asks for FI_MR_BASIC, FI_MR_ALLOCATED) and where
+// the application fixed a size, the rings keep it. Every byte arrives intact across the switches
+// to bigger rings, read in chunks that straddle them.
+TEST_P(EngineTest, RingsGrowForBulkTransfersUnlessFixed)
+{
+    for (bool fixed : {false, true}) {
+        Settings st = settings();
+        if (fixed) {
+            ASSERT_EQ(st.setSendBuf(32 * 1024), 0);
+            ASSERT_EQ(st.setRecvBuf(32 * 1024), 0);
+        }
+        EXPECT_EQ(st.sendBuf, 32u * 1024);
+        EXPECT_EQ(st.recvBuf, 32u * 1024);
+        auto [c, s] = pair(st, st);
+        ASSERT_TRUE(c && s);
+        const size_t size = size_t(48) << 20;
+        std::vector<uint8_t> a(size), ra(size);
+        std::mt19937 rng(7);
+        for (auto &x : a)
+            x = rng();
+        std::thread t([&] {
+            std::mt19937 r(1);
+            sendAll(*c, a.data(), size, r, 256 * 1024);
+        });
+        std::mt19937 r2(2);
+        recvAll(*s, ra.data(), size, r2, 300 * 1024);
+        t.join();
+        EXPECT_EQ(checksum(a.data(), size), checksum(ra.data(), size));
+        Connection::Info ci = c->info(), si = s->info();
+        RecordProperty(fixed ? "fixed_rings" : "grown_rings",
+                       std::to_string(ci.sendBuf) + "/" + std::to_string(si.recvBuf));
+        if (fixed || GetParam().strict) {
+            EXPECT_EQ(ci.sendGrowths, 0u);
+            EXPECT_EQ(si.recvGrowths, 0u);
+            EXPECT_EQ(ci.sendBuf, 32u * 1024);
+            EXPECT_EQ(si.recvBuf, 32u * 1024);
+        } else {
+            EXPECT_GT(si.recvGrowths, 0u);
+            EXPECT_GT(ci.sendGrowths, 0u);
+            EXPECT_GT(si.recvBuf, 32u * 1024);
+            EXPECT_LE(si.recvBuf, st.recvBufMax);
+            EXPECT_GT(ci.sendBuf, 32u * 1024);
+            EXPECT_LE(ci.sendBuf, st.sendBufMax);
+        }
+        // The other direction still works, at its own (ungrown) size.
+        EXPECT_EQ(s->send("ok", 2), 2);
+        char buf[2];
+        EXPECT_EQ(c->recv(buf, 2, kWaitAll, 5000), 2);
+        EXPECT_EQ(c->info().recvBuf, 32u * 1024);
+    }
+}
+
 TEST_P(EngineTest, SmallMessageStorm)
 {
     auto [c, s] = pair();

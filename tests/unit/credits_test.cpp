@@ -132,6 +132,45 @@ TEST(PeerCredits, RejectsOverReturnInUnits)
     EXPECT_EQ(p.onCredit(0, 1), -EPROTO) << "4 bytes outstanding, less than a unit";
 }
 
+// Ring growth: after GROW the receiver credits only slots; after SWITCH the sender has the whole
+// new ring and the receiver counts credit in the new ring's units, still owing its slots.
+TEST(RingGrowth, FrozenRingCreditsOnlySlotsAndSwitchStartsTheNewRingEmpty)
+{
+    PeerCredits p;
+    p.init(32768, 16, wire::creditShift(32768));
+    LocalCredits l;
+    l.init(32768, 16);
+    p.onDataSent(32768);
+    EXPECT_FALSE(p.canSendData()) << "the whole ring is in use";
+    l.onSlotReposted();
+    l.freezeRing(); // GROW sent
+    l.onConsumed(32768);
+    EXPECT_EQ(l.ringDue(), 0u);
+    uint32_t word = l.take();
+    wire::Message m = decodeCredit(word);
+    EXPECT_EQ(m.ringUnits, 0u);
+    EXPECT_EQ(m.slots, 1u);
+    EXPECT_EQ(p.onCredit(m.slots, m.ringUnits), 0);
+    EXPECT_EQ(p.ringAvail(), 0u) << "no ring credit for the old ring";
+    p.switchRing(1u << 20); // the sender's SWITCH
+    l.onSlotReposted();     // the SWITCH itself took a slot
+    l.switchRing(1u << 20);
+    EXPECT_EQ(p.ringSize(), 1u << 20);
+    EXPECT_EQ(p.ringAvail(), 1u << 20);
+    EXPECT_EQ(p.written(), 0u);
+    EXPECT_TRUE(p.canSendData());
+    EXPECT_FALSE(l.frozen());
+    EXPECT_EQ(l.shift(), wire::creditShift(1u << 20));
+    EXPECT_EQ(l.slotsDue(), 1u) << "slots owed stay owed across the switch";
+    p.onDataSent(1u << 19);
+    l.onConsumed(1u << 19);
+    EXPECT_TRUE(l.due());
+    m = decodeCredit(l.take());
+    EXPECT_EQ(uint64_t(m.ringUnits) << l.shift(), 1u << 19);
+    EXPECT_EQ(p.onCredit(m.slots, m.ringUnits), 0);
+    EXPECT_EQ(p.ringAvail(), 1u << 20);
+}
+
 TEST(LocalCredits, InitialState)
 {
     LocalCredits l;

@@ -17,8 +17,8 @@ using namespace rstream::wire;
 
 namespace {
 
-constexpr Ctrl kAllCtrls[] = {Ctrl::ShutWr, Ctrl::Disconnect, Ctrl::Reset, Ctrl::Keepalive,
-                              Ctrl::KeepaliveAck};
+constexpr Ctrl kAllCtrls[] = {Ctrl::ShutWr,    Ctrl::Disconnect,   Ctrl::Reset,
+                              Ctrl::Keepalive, Ctrl::KeepaliveAck, Ctrl::Switch};
 
 uint32_t makeWord(uint32_t op, uint32_t payload)
 {
@@ -153,6 +153,27 @@ TEST(WireCtrl, RoundTripsEveryCode)
     }
 }
 
+// GROW carries log2 of the new ring size in bits 12..8; every other code carries nothing there.
+TEST(WireCtrl, GrowCarriesTheRingSizeAndNothingElseCarriesAnArgument)
+{
+    for (uint32_t log2 = kMinRingLog2; log2 <= kMaxRingLog2; log2++) {
+        auto word = encodeGrow(log2);
+        ASSERT_TRUE(word) << log2;
+        EXPECT_EQ(*word, (2u << kOpShift) | (log2 << 8) | 6u);
+        auto m = decode(*word);
+        ASSERT_TRUE(m);
+        EXPECT_EQ(m->ctrl, Ctrl::Grow);
+        EXPECT_EQ(m->arg, log2);
+    }
+    for (uint32_t log2 : {0u, 1u, kMinRingLog2 - 1, kMaxRingLog2 + 1, 31u}) {
+        EXPECT_FALSE(encodeGrow(log2)) << log2;
+        EXPECT_FALSE(decode((2u << kOpShift) | (log2 << 8) | 6u)) << log2;
+    }
+    EXPECT_FALSE(decode((2u << kOpShift) | (16u << 8) | 7u)) << "SWITCH with an argument";
+    EXPECT_FALSE(decode((2u << kOpShift) | (16u << 8) | 1u)) << "SHUT_WR with an argument";
+    EXPECT_FALSE(decode((2u << kOpShift) | (1u << 13) | 6u)) << "bits above the argument";
+}
+
 // The keepalive codes are fixed by the wire format: probe 4, answer 5.
 TEST(WireCtrl, KeepaliveProbeAndAnswerAreDistinct)
 {
@@ -194,11 +215,15 @@ TEST(WireDecode, AgreesWithTheEncodersForEveryOp)
             case 1:
                 reencoded = encodeCredit(payload >> kSlotShift, payload & kMaxRingUnits);
                 break;
-            case 2:
-                if (payload >= static_cast<uint32_t>(Ctrl::ShutWr) &&
-                    payload <= static_cast<uint32_t>(kLastCtrl))
-                    reencoded = encodeCtrl(static_cast<Ctrl>(payload));
+            case 2: {
+                uint32_t code = payload & kCtrlCodeMask, arg = payload >> kCtrlArgShift;
+                if (code == static_cast<uint32_t>(Ctrl::Grow))
+                    reencoded = encodeGrow(arg);
+                else if (arg == 0 && code >= static_cast<uint32_t>(Ctrl::ShutWr) &&
+                         code <= static_cast<uint32_t>(kLastCtrl))
+                    reencoded = encodeCtrl(static_cast<Ctrl>(code));
                 break;
+            }
             default:
                 break;
             }
@@ -216,7 +241,7 @@ TEST(WireDecode, AgreesWithTheEncodersForEveryOp)
                 ASSERT_EQ((m->slots << kSlotShift) | m->ringUnits, payload);
                 break;
             case Op::Ctrl:
-                ASSERT_EQ(static_cast<uint32_t>(m->ctrl), payload);
+                ASSERT_EQ(static_cast<uint32_t>(m->ctrl) | (m->arg << kCtrlArgShift), payload);
                 break;
             }
         }
@@ -381,7 +406,8 @@ TEST(WireHello, RejectsBadMagicVersionOrLength)
 
 TEST(WireHello, RejectsUnknownFlags)
 {
-    EXPECT_EQ(decodeModified([](Hello &h) { h.flags |= 1 << 2; }), -EINVAL);
+    EXPECT_EQ(decodeModified([](Hello &h) { h.flags |= 1 << 3; }), -EINVAL);
+    EXPECT_EQ(decodeModified([](Hello &h) { h.flags |= kFlagGrow; }), 0);
     EXPECT_EQ(decodeModified([](Hello &h) { h.flags |= 1 << 15; }), -EINVAL);
     EXPECT_EQ(decodeModified([](Hello &h) { h.flags = 0xffff; }), -EINVAL);
     EXPECT_EQ(decodeModified([](Hello &h) {
