@@ -29,6 +29,7 @@
 #include <rdma/fi_cm.h>
 #include <rdma/fi_rma.h>
 
+#include "crash.h"
 #include "log.h"
 #include "progress.h"
 
@@ -701,6 +702,10 @@ void Connection::onTxCompleteLocked(TxOp *op)
         TxOp &head = txOps_[txHead_ % txCap_];
         if (!head.done)
             break;
+        if (!RS_CHECK(head.len <= tx_.posted - tx_.done)) {
+            failLocked(-ECONNRESET, "internal error");
+            return;
+        }
         tx_.done += head.len;
         if (head.len)
             writesInFlight_--;
@@ -763,7 +768,12 @@ void Connection::flushLocked(bool force)
                                  peer_.ringAvail(), maxChunk});
         uint64_t srcOff = tx_.offset(tx_.posted);
         uint64_t dst = peerRingAddr_ + peer_.written() % peer_.ringSize();
-        uint32_t word = *wire::encodeData(static_cast<uint32_t>(len));
+        const auto encoded = wire::encodeData(static_cast<uint32_t>(len));
+        if (!RS_CHECK(encoded)) {
+            failLocked(-ECONNRESET, "internal error");
+            return;
+        }
+        const uint32_t word = *encoded;
         TxOp &op = txOps_[txNext_ % txCap_];
         op.len = len;
         op.seq = txNext_;
