@@ -113,6 +113,15 @@ std::vector<std::shared_ptr<Socket>> &inheritedSockets()
     return *v;
 }
 
+// A decimal number in lo..hi (digits only), or -1.
+int parseNumber(const std::string &s, int lo, int hi)
+{
+    if (s.empty() || s.size() > 9 || !std::all_of(s.begin(), s.end(), ::isdigit))
+        return -1;
+    const int n = std::stoi(s);
+    return n >= lo && n <= hi ? n : -1;
+}
+
 int envInt(const char *name, int def, int lo, int hi)
 {
     const char *v = std::getenv(name);
@@ -178,18 +187,31 @@ ShimConfig ShimConfig::fromEnv()
                 Net n{};
                 std::string addr = item;
                 // A trailing :port (for IPv6 write [addr]:port).
-                size_t colon = addr.rfind(':');
-                bool v6 = std::count(addr.begin(), addr.end(), ':') > 1 && addr[0] != '[';
-                if (!v6 && colon != std::string::npos) {
-                    n.port = std::atoi(addr.c_str() + colon + 1);
+                size_t colon = std::string::npos;
+                bool ok = true;
+                if (addr[0] == '[') {
+                    const size_t close = addr.find(']');
+                    if (close == std::string::npos)
+                        ok = false;
+                    else if (close + 1 < addr.size() && addr[close + 1] == ':')
+                        colon = close + 1;
+                    else if (close + 1 != addr.size())
+                        ok = false;
+                } else if (std::count(addr.begin(), addr.end(), ':') == 1) {
+                    colon = addr.find(':');
+                }
+                if (colon != std::string::npos) {
+                    // A port that does not parse must not become "any port".
+                    n.port = parseNumber(addr.substr(colon + 1), 1, 65535);
+                    ok = n.port > 0;
                     addr = addr.substr(0, colon);
                 }
                 if (!addr.empty() && addr.front() == '[' && addr.back() == ']')
                     addr = addr.substr(1, addr.size() - 2);
                 size_t slash = addr.find('/');
                 std::string host = addr.substr(0, slash);
-                bool ok = true;
-                if (host.empty()) {
+                if (!ok) {
+                } else if (host.empty()) {
                     n.family = 0; // any address
                 } else if (inet_pton(AF_INET, host.c_str(), n.addr) == 1) {
                     n.family = AF_INET;
@@ -200,8 +222,11 @@ ShimConfig ShimConfig::fromEnv()
                 } else {
                     ok = false;
                 }
-                if (ok && slash != std::string::npos)
-                    n.prefix = std::atoi(addr.c_str() + slash + 1);
+                if (ok && slash != std::string::npos) {
+                    n.prefix =
+                        parseNumber(addr.substr(slash + 1), 0, n.family == AF_INET ? 32 : 128);
+                    ok = n.family != 0 && n.prefix >= 0;
+                }
                 if (ok)
                     c.exclude.push_back(n);
                 else
