@@ -1074,6 +1074,27 @@ Connection::Info Connection::info()
     return i;
 }
 
+bool Connection::flowState(FlowState *out)
+{
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock())
+        return false;
+    out->state = static_cast<int>(state_);
+    out->error = error_;
+    out->shutWr = shutWr_ || closing_;
+    out->peerShutWr = peerShutWr_;
+    out->rttUs = rttUs_;
+    out->sendQueued = tx_.unsent() + tx_.inFlight();
+    out->recvQueued = rx_.readable();
+    out->peerCreditBytes = peer_.ringAvail();
+    out->peerCreditSlots = peer_.slots();
+    out->owedBytes = local_.ringDue();
+    out->owedSlots = local_.slotsDue();
+    out->sendBuf = static_cast<uint32_t>(tx_.size);
+    out->recvBuf = static_cast<uint32_t>(rx_.size);
+    return true;
+}
+
 int Connection::wait(int events, int timeoutMs)
 {
     return waitFor(events, deadlineFor(timeoutMs));

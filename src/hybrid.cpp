@@ -68,6 +68,8 @@ std::string describe(const sockaddr *addr)
 }
 
 // Destinations whose fabric connect failed recently: later connects go straight to the kernel.
+// Expired entries go when looked up, and all of them whenever the map has doubled since the
+// last sweep, so it holds about as many entries as there are live ones.
 class NegativeCache
 {
 public:
@@ -83,21 +85,57 @@ public:
         }
         return true;
     }
-    // Returns true the first time a destination is added (for logging once).
-    bool add(const std::string &key, int ttlMs)
+    void add(const std::string &key, int ttlMs)
+    {
+        if (ttlMs <= 0)
+            return;
+        std::lock_guard<std::mutex> lock(mutex_);
+        const int64_t now = nowMs();
+        entries_[key] = now + ttlMs;
+        if (entries_.size() >= sweepAt_) {
+            std::erase_if(entries_, [now](const auto &e) { return now >= e.second; });
+            sweepAt_ = std::max<size_t>(64, 2 * entries_.size());
+        }
+    }
+    size_t size()
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        bool fresh = !logged_.count(key);
-        logged_[key] = true;
-        entries_[key] = nowMs() + ttlMs;
-        return fresh;
+        return entries_.size();
     }
 
 private:
     std::mutex mutex_;
     std::map<std::string, int64_t> entries_;
-    std::map<std::string, bool> logged_;
+    size_t sweepAt_ = 64;
 };
+
+// What the log says about a fallback (formatted only when the line is written). where: the
+// fabric address (connects) or port (listeners) concerned; err: the fabric's errno.
+std::string fallbackDetail(Fallback why, int port, const std::string &where, int err,
+                           int timeoutMs = 0)
+{
+    switch (why) {
+    case Fallback::Refused:
+        return "nothing listens on " + where;
+    case Fallback::Timeout:
+        return "no answer from " + where + " within " + std::to_string(timeoutMs) + " ms";
+    case Fallback::Excluded:
+        return "RSTREAM_EXCLUDE";
+    case Fallback::Ports:
+        return "port " + std::to_string(port) + " is not in RSTREAM_PORTS";
+    case Fallback::NegativeCache:
+        return "the fabric at " + where + " failed less than RSTREAM_NEGATIVE_CACHE_MS ago";
+    case Fallback::ProviderError:
+    case Fallback::PortBusy:
+        return where + ": " + strerror(err);
+    case Fallback::Unsupported:
+        return port ? "no fabric port for port " + std::to_string(port) : "address family";
+    case Fallback::ForkChild:
+        return "a socket inherited in a fork child";
+    default:
+        return "";
+    }
+}
 
 NegativeCache &negativeCache()
 {
@@ -287,27 +325,6 @@ bool ShimConfig::excluded(const sockaddr *addr) const
     return false;
 }
 
-ShimStats &shimStats()
-{
-    static auto *stats = new ShimStats();
-    return *stats;
-}
-
-std::string shimStatsJson(uint64_t openBytesSent, uint64_t openBytesReceived)
-{
-    ShimStats &s = shimStats();
-    char buf[512];
-    std::snprintf(buf, sizeof(buf),
-                  "{\"pid\": %d, \"provider\": \"%s\", \"fabric_connections\": %" PRIu64
-                  ", \"fallback_connections\": %" PRIu64 ", \"fabric_bytes_sent\": %" PRIu64
-                  ", \"fabric_bytes_received\": %" PRIu64 ", \"fabric_listeners\": %" PRIu64 "}",
-                  static_cast<int>(getpid()), chooseProvider(Settings::fromEnv()).c_str(),
-                  s.fabricConnections.load(), s.fallbackConnections.load(),
-                  s.fabricBytesSent.load() + openBytesSent,
-                  s.fabricBytesReceived.load() + openBytesReceived, s.fabricListeners.load());
-    return buf;
-}
-
 HybridSocket::HybridSocket(int fd, int family, bool nonblocking, const KernelOps &kops,
                            const ShimConfig &config)
     : fd_(fd), family_(family), k_(kops), config_(config)
@@ -327,12 +344,8 @@ std::shared_ptr<Socket> HybridSocket::socket()
     return sock_;
 }
 
-HybridSocket::~HybridSocket()
-{
-    // What this socket moved is added when it goes; RSTREAM_STATS adds the open ones.
-    shimStats().fabricBytesSent.fetch_add(sent_.load(), std::memory_order_relaxed);
-    shimStats().fabricBytesReceived.fetch_add(received_.load(), std::memory_order_relaxed);
-}
+// The connection's record (and what it moved) goes with record_.
+HybridSocket::~HybridSocket() = default;
 
 void HybridSocket::setNonblocking(bool on)
 {
@@ -407,7 +420,15 @@ int HybridSocket::listen(int backlog)
     int port = portOf(reinterpret_cast<sockaddr *>(&local));
     int fport = config_.fabricPort(port);
     std::shared_ptr<Socket> s;
-    if (config_.enabled && !noFabric_ && config_.portAllowed(port) && fport) {
+    Fallback why = Fallback::None;
+    int err = 0;
+    if (noFabric_) {
+        why = Fallback::ForkChild;
+    } else if (!fport) {
+        why = Fallback::Unsupported;
+    } else if (!config_.portAllowed(port)) {
+        why = Fallback::Ports;
+    } else {
         gEngineUsed.store(true, std::memory_order_relaxed);
         s = std::make_shared<Socket>(family_);
         applyOptions(*s);
@@ -418,12 +439,18 @@ int HybridSocket::listen(int backlog)
         if (r == 0)
             r = s->listen(backlog);
         if (r < 0) {
-            RS_LOG(Info, "no fabric listener for port %d on port %d (%s): kernel TCP only", port,
-                   fport, strerror(-r));
+            why = r == -EADDRINUSE ? Fallback::PortBusy : Fallback::ProviderError;
+            err = -r;
             s.reset();
         }
     }
     if (!s) {
+        fallback_ = why;
+        kernelListener_ = true;
+        countListener(false);
+        RS_LOG_FD(Info, fd_, "listener on port %d: kernel TCP only: %s (%s)", port,
+                  fallbackName(why),
+                  fallbackDetail(why, port, "fabric port " + std::to_string(fport), err).c_str());
         mode_.store(Mode::Kernel, std::memory_order_release);
         kernelGen_++;
         return 0;
@@ -434,9 +461,9 @@ int HybridSocket::listen(int backlog)
         k_.fcntl(fd_, F_SETFL, fl | O_NONBLOCK);
     sock_ = std::move(s);
     appPort_ = port;
-    shimStats().fabricListeners.fetch_add(1, std::memory_order_relaxed);
+    countListener(true);
     mode_.store(Mode::Listener, std::memory_order_release);
-    RS_LOG(Debug, "listening on port %d: kernel TCP and fabric port %d", port, fport);
+    RS_LOG_FD(Debug, fd_, "listening on port %d: kernel TCP and fabric port %d", port, fport);
     return 0;
 }
 
@@ -470,15 +497,33 @@ int HybridSocket::accept(sockaddr *addr, socklen_t *len, int flags,
                     auto hs = std::make_shared<HybridSocket>(nfd, family_, flags & SOCK_NONBLOCK,
                                                              k_, config_);
                     ns->setNonblocking(flags & SOCK_NONBLOCK);
+                    // The addresses as the application sees them: the peer's, and the port it
+                    // listened on.
+                    sockaddr_storage local{}, peer{};
+                    socklen_t llen = sizeof(local), plen = sizeof(peer);
+                    if (ns->localAddress(reinterpret_cast<sockaddr *>(&local), &llen) == 0)
+                        setPort(&local, appPort_);
+                    else
+                        llen = 0;
+                    if (ns->peerAddress(reinterpret_cast<sockaddr *>(&peer), &plen) != 0)
+                        plen = 0;
+                    auto record = std::make_unique<ConnRecord>(
+                        nfd, true, Fallback::None, true, reinterpret_cast<sockaddr *>(&local), llen,
+                        reinterpret_cast<sockaddr *>(&peer), plen);
+                    record->setConnection(ns->connection());
+                    hs->bytes_ = &record->bytes();
+                    hs->record_ = std::move(record);
                     hs->sock_ = std::move(ns);
                     hs->appPort_ = appPort_;
                     hs->accepted_ = true;
                     hs->mode_.store(Mode::Fabric, std::memory_order_release);
                     if (addr && len) {
-                        // The address the application sees is the peer's, in our family.
-                        hs->sock_->peerAddress(addr, len);
+                        std::memcpy(addr, &peer, std::min(*len, plen));
+                        *len = plen;
                     }
-                    shimStats().fabricConnections.fetch_add(1, std::memory_order_relaxed);
+                    countFabricConnection();
+                    RS_LOG_FD(Debug, nfd, "fabric connection accepted from %s",
+                              plen ? describe(reinterpret_cast<sockaddr *>(&peer)).c_str() : "?");
                     *newSock = std::move(hs);
                     return nfd;
                 }
@@ -486,10 +531,8 @@ int HybridSocket::accept(sockaddr *addr, socklen_t *len, int flags,
                     RS_LOG(Debug, "fabric accept: %s", strerror(-r));
             } else if (!fabric) {
                 int r = k_.accept4(fd_, addr, len, flags);
-                if (r >= 0) {
-                    shimStats().fallbackConnections.fetch_add(1, std::memory_order_relaxed);
-                    return r;
-                }
+                if (r >= 0)
+                    return r; // the caller records it (kernel_peer)
                 if (errno != EAGAIN && errno != EWOULDBLOCK)
                     return -errno;
             }
@@ -561,25 +604,53 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
         return -EISCONN;
     if (m == Mode::Inherited)
         return -EIO;
-    if (m == Mode::Kernel)
-        return k_.connect(fd_, addr, len) < 0 ? -errno : 0;
+    if (m == Mode::Kernel) {
+        // Again, after a kernel connect that failed or is in progress.
+        if (k_.connect(fd_, addr, len) < 0) {
+            const int err = errno;
+            if (err == EINPROGRESS && addr) {
+                std::lock_guard<std::mutex> lock(mutex_);
+                recordKernelLocked(addr, len);
+            }
+            return -err;
+        }
+        if (addr) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            recordKernelLocked(addr, len);
+        }
+        countFallbackIfEstablished();
+        return 0;
+    }
     if (!addr)
         return -EFAULT;
     if (len < sizeof(sa_family_t))
         return -EINVAL;
 
     // Undecided: the fabric when the destination may have a fabric listener.
-    bool candidate = config_.enabled && !noFabric_ && addr->sa_family == family_ &&
-                     len >= (family_ == AF_INET ? sizeof(sockaddr_in) : 24);
-    int port = candidate ? portOf(addr) : 0;
-    int fport = config_.fabricPort(port);
-    std::string key;
-    if (candidate && fport && config_.portAllowed(port) && !config_.excluded(addr)) {
+    const bool inet = addr->sa_family == AF_INET || addr->sa_family == AF_INET6;
+    const bool usable =
+        addr->sa_family == family_ && len >= (family_ == AF_INET ? sizeof(sockaddr_in) : 24);
+    const int port = usable ? portOf(addr) : 0;
+    const int fport = config_.fabricPort(port);
+    Fallback why = Fallback::None;
+    std::string key; // the fabric destination
+    int fabricErr = 0;
+    if (noFabric_) {
+        why = Fallback::ForkChild;
+    } else if (!usable || !fport) {
+        why = Fallback::Unsupported;
+    } else if (!config_.portAllowed(port)) {
+        why = Fallback::Ports;
+    } else if (config_.excluded(addr)) {
+        why = Fallback::Excluded;
+    } else {
         sockaddr_storage dest{};
         std::memcpy(&dest, addr, std::min<socklen_t>(len, sizeof(dest)));
         setPort(&dest, fport);
         key = describe(reinterpret_cast<sockaddr *>(&dest));
-        if (!negativeCache().has(key)) {
+        if (negativeCache().has(key)) {
+            why = Fallback::NegativeCache;
+        } else {
             std::shared_ptr<Socket> s;
             int r = connectFabric(reinterpret_cast<sockaddr *>(&dest), len, &s);
             if (r == 0) {
@@ -587,25 +658,69 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
                 s->setNonblocking(nonblocking());
                 if (!nonblocking())
                     s->confirmConnected();
+                sockaddr_storage local{};
+                socklen_t llen = sizeof(local);
+                if (s->localAddress(reinterpret_cast<sockaddr *>(&local), &llen) != 0)
+                    llen = 0;
+                auto record = std::make_unique<ConnRecord>(fd_, true, Fallback::None, false,
+                                                           reinterpret_cast<sockaddr *>(&local),
+                                                           llen, addr, len);
+                record->setConnection(s->connection());
+                bytes_ = &record->bytes();
+                record_ = std::move(record);
                 sock_ = std::move(s);
                 peerLen_ = std::min<socklen_t>(len, sizeof(peer_));
                 std::memcpy(&peer_, addr, peerLen_);
                 mode_.store(Mode::Fabric, std::memory_order_release);
-                shimStats().fabricConnections.fetch_add(1, std::memory_order_relaxed);
+                countFabricConnection();
+                RS_LOG_FD(Debug, fd_, "fabric connection to %s (fabric port %d)",
+                          describe(addr).c_str(), fport);
                 // A nonblocking connect reports progress the way TCP does; POLLOUT is ready.
                 return nonblocking() ? -EINPROGRESS : 0;
             }
-            if (negativeCache().add(key, config_.negativeCacheMs))
-                RS_LOG(Info, "no fabric at %s (%s): kernel TCP", key.c_str(), strerror(-r));
+            negativeCache().add(key, config_.negativeCacheMs);
+            why = r == -ECONNREFUSED ? Fallback::Refused
+                  : r == -ETIMEDOUT  ? Fallback::Timeout
+                                     : Fallback::ProviderError;
+            fabricErr = -r;
         }
     }
     // Kernel TCP on the application's own fd, with the options it set already applied.
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        fallback_ = why;
+    }
+    if (inet)
+        RS_LOG_FD(Info, fd_, "kernel TCP to %s: %s (%s)", describe(addr).c_str(), fallbackName(why),
+                  fallbackDetail(why, port, key, fabricErr, config_.connectTimeoutMs).c_str());
     mode_.store(Mode::Kernel, std::memory_order_release);
     kernelGen_++;
-    if (k_.connect(fd_, addr, len) < 0)
-        return -errno;
+    if (k_.connect(fd_, addr, len) < 0) {
+        const int err = errno;
+        if (err == EINPROGRESS) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            recordKernelLocked(addr, len);
+        }
+        return -err;
+    }
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        recordKernelLocked(addr, len);
+    }
     countFallbackIfEstablished();
     return 0;
+}
+
+void HybridSocket::recordKernelLocked(const sockaddr *peer, socklen_t peerLen)
+{
+    if (record_ || (peer->sa_family != AF_INET && peer->sa_family != AF_INET6))
+        return;
+    sockaddr_storage local{};
+    socklen_t llen = sizeof(local);
+    if (k_.getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen) != 0)
+        llen = 0;
+    record_ = std::make_unique<ConnRecord>(
+        fd_, false, fallback_, false, reinterpret_cast<sockaddr *>(&local), llen, peer, peerLen);
 }
 
 ssize_t HybridSocket::send(const iovec *iov, int iovcnt, int flags)
@@ -618,7 +733,7 @@ ssize_t HybridSocket::send(const iovec *iov, int iovcnt, int flags)
     std::shared_ptr<Socket> s = socket();
     ssize_t r = s->send(iov, iovcnt, flags);
     if (r > 0)
-        sent_.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
+        bytes_->sent.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
     return r;
 }
 
@@ -632,7 +747,7 @@ ssize_t HybridSocket::recv(const iovec *iov, int iovcnt, int flags)
     std::shared_ptr<Socket> s = socket();
     ssize_t r = s->recv(iov, iovcnt, flags);
     if (r > 0 && !(flags & MSG_PEEK))
-        received_.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
+        bytes_->received.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
     return r;
 }
 
@@ -745,20 +860,41 @@ int HybridSocket::fionread(int *bytes)
 
 void HybridSocket::onFdClosed(int fd)
 {
-    if (fd == fd_ && mode() == Mode::Kernel)
+    if (mode() != Mode::Kernel)
+        return;
+    if (fd == fd_)
         countFallbackIfEstablished();
+    // What the kernel moved, while a descriptor of it is still open.
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (record_)
+        record_->readKernelBytes(k_.getsockopt, fd);
+}
+
+void HybridSocket::noteExit()
+{
+    if (mode() == Mode::Kernel)
+        countFallbackIfEstablished();
+}
+
+bool HybridSocket::kernelListener(Fallback *why)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    *why = fallback_;
+    return kernelListener_;
 }
 
 void HybridSocket::countFallbackIfEstablished()
 {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (fallbackCounted_)
+    if (fallbackCounted_ || kernelListener_)
         return;
     sockaddr_storage peer;
     socklen_t plen = sizeof(peer);
     if (k_.getpeername(fd_, reinterpret_cast<sockaddr *>(&peer), &plen) == 0) {
         fallbackCounted_ = true;
-        shimStats().fallbackConnections.fetch_add(1, std::memory_order_relaxed);
+        countFallback(fallback_);
+        if (record_)
+            record_->markEstablished();
     }
 }
 
@@ -861,19 +997,13 @@ std::string HybridSocket::debugState()
 {
     std::shared_ptr<Socket> s = socket();
     std::string r = "fd=" + std::to_string(fd_) + " mode=" + std::to_string(int(mode()));
+    if (mode() == Mode::Kernel) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        r += std::string(" fallback=") + fallbackName(fallback_);
+    }
     if (s)
         r += " " + s->debugState();
     return r;
-}
-
-uint64_t HybridSocket::bytesSent()
-{
-    return sent_.load(std::memory_order_relaxed);
-}
-
-uint64_t HybridSocket::bytesReceived()
-{
-    return received_.load(std::memory_order_relaxed);
 }
 
 } // namespace rstream

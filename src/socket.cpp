@@ -1265,6 +1265,12 @@ std::string Socket::debugState()
     return r;
 }
 
+std::shared_ptr<Connection> Socket::connection()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    return conn_;
+}
+
 bool Socket::isListening()
 {
     std::lock_guard<std::mutex> lock(mutex_);
