@@ -95,7 +95,7 @@ int acceptImpl(const void *ra, Real real, int fd, sockaddr *addr, socklen_t *len
         forgetStale(r);
         if (fresh) {
             if (!installSocket(r, std::move(fresh)))
-                RS_LOG(Error, "preload: fd %d is beyond the table; its connection is lost", r);
+                RS_LOG_FD(Error, r, "preload: beyond the fd table; its connection is lost");
         } else {
             trackKernelAccept(fd, r, true);
         }

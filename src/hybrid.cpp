@@ -528,7 +528,7 @@ int HybridSocket::accept(sockaddr *addr, socklen_t *len, int flags,
                     return nfd;
                 }
                 if (r != -EAGAIN)
-                    RS_LOG(Debug, "fabric accept: %s", strerror(-r));
+                    RS_LOG_FD(Debug, fd_, "fabric accept: %s", strerror(-r));
             } else if (!fabric) {
                 int r = k_.accept4(fd_, addr, len, flags);
                 if (r >= 0)
