@@ -13,6 +13,7 @@ static_assert(std::is_trivially_destructible_v<FdTable<HybridSocket>>,
 
 constinit FdTable<HybridSocket> gSockets;
 constinit FdTable<ShimEpoll> gEpolls;
+constinit FdTable<ConnRecord> gKernelConns;
 std::atomic<int> gMaxFd{-1};
 std::atomic<bool> gChildKernelOnly{false};
 
@@ -35,6 +36,16 @@ void releaseFd(int fd)
             EngineCall ec;
             s->onFdClosed(fd);
             s.reset(); // the last reference may tear the engine side down: still inside
+        } catch (...) {
+            noteInternalError();
+        }
+    }
+    if (auto k = gKernelConns.take(fd)) {
+        try {
+            NoCancel nc;
+            EngineCall ec;
+            k->readKernelBytes(real_getsockopt(), fd);
+            k.reset(); // the last descriptor: the record closes
         } catch (...) {
             noteInternalError();
         }
@@ -89,6 +100,43 @@ std::shared_ptr<Pollable> resolvePollable(int fd)
     if (!s || s->mode() == HybridSocket::Mode::Kernel)
         return nullptr;
     return s;
+}
+
+void trackKernelAccept(int listenFd, int fd, bool dual)
+{
+    const int saved = errno;
+    try {
+        NoCancel nc;
+        EngineCall ec;
+        Fallback why = Fallback::KernelPeer;
+        if (!dual) {
+            auto listener = gSockets.get(listenFd);
+            if (!listener || !listener->kernelListener(&why)) {
+                errno = saved;
+                return;
+            }
+        }
+        sockaddr_storage local{};
+        sockaddr_storage peer{};
+        socklen_t llen = sizeof(local);
+        socklen_t plen = sizeof(peer);
+        if (real_getsockname()(fd, reinterpret_cast<sockaddr *>(&local), &llen) != 0)
+            llen = 0;
+        if (real_getpeername()(fd, reinterpret_cast<sockaddr *>(&peer), &plen) != 0)
+            plen = 0;
+        auto record =
+            std::make_shared<ConnRecord>(fd, false, why, true, reinterpret_cast<sockaddr *>(&local),
+                                         llen, reinterpret_cast<sockaddr *>(&peer), plen);
+        countFallback(why);
+        RS_LOG_FD(Info, fd, "kernel TCP from %s: %s (%s)",
+                  addressText(reinterpret_cast<sockaddr *>(&peer)).c_str(), fallbackName(why),
+                  dual ? "the peer connected over kernel TCP"
+                       : "accepted on a listener without a fabric side");
+        gKernelConns.set(fd, std::move(record));
+    } catch (...) {
+        noteInternalError();
+    }
+    errno = saved;
 }
 
 void noteInternalError()

@@ -47,6 +47,7 @@ extern "C" __attribute__((used)) void rstreamDebugDump()
 
 void inChild()
 {
+    logAfterFork(); // before this handler logs: a %p log file is the child's own
     bool used = false;
     try {
         EngineCall ec;
@@ -58,8 +59,11 @@ void inChild()
         noteInternalError();
     }
     // The engine's threads did not survive the fork: new sockets stay on kernel TCP.
-    if (used)
+    if (used) {
         gChildKernelOnly.store(true, std::memory_order_relaxed);
+        RS_LOG(Info, "preload: fork child of a process that used the fabric: its new sockets "
+                     "stay on kernel TCP (fork_child), untracked");
+    }
 }
 
 void inParent()
@@ -99,13 +103,9 @@ void writeStats()
 {
     try {
         EngineCall ec;
-        uint64_t sent = 0;
-        uint64_t received = 0;
-        forEachSocket([&](HybridSocket &s) {
-            sent += s.bytesSent();
-            received += s.bytesReceived();
-        });
-        const std::string json = shimStatsJson(sent, received) + "\n";
+        // Kernel connections established since their connect returned count now.
+        forEachSocket([](HybridSocket &s) { s.noteExit(); });
+        const std::string json = shimStatsJson(real_getsockopt()) + "\n";
         const std::string path = statsPath();
         int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd < 0) {
@@ -128,6 +128,16 @@ void writeStats()
     }
 }
 
+void exportAtExitHandler()
+{
+    try {
+        EngineCall ec;
+        exportAtExit();
+    } catch (...) {
+        noteInternalError();
+    }
+}
+
 // ---- Load -------------------------------------------------------------------------------------
 
 __attribute__((constructor)) void preloadInit()
@@ -145,6 +155,12 @@ __attribute__((constructor)) void preloadInit()
     }
     pthread_atfork(nullptr, inParent, inChild);
     installCrashHandler(); // RSTREAM_BACKTRACE=0 turns it off
+    // The live export (rstream-stat) is made on the first connection and removed at exit; one
+    // this pid has already is the program's that ran before execve.
+    exportAtLoad();
+    atexit(exportAtExitHandler);
+    RS_LOG(Debug, "preload: loaded into %s (statistics %s)", program_invocation_short_name,
+           gStatsPath[0] ? gStatsPath : "off");
 }
 
 } // namespace

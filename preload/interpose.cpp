@@ -50,6 +50,9 @@ void afterDup(int oldfd, int newfd)
     if (gEpolls.has(oldfd))
         if (auto e = gEpolls.get(oldfd))
             gEpolls.set(newfd, std::move(e));
+    if (gKernelConns.has(oldfd))
+        if (auto k = gKernelConns.get(oldfd))
+            gKernelConns.set(newfd, std::move(k));
 }
 
 // Runs an engine call that glibc declares noexcept: no cancellation inside.
@@ -71,8 +74,12 @@ int acceptImpl(const void *ra, Real real, int fd, sockaddr *addr, socklen_t *len
     auto s = engineSocket(fd, ra);
     if (!s) {
         int r = real();
-        if (r >= 0)
+        if (r >= 0) {
             forgetStale(r);
+            // A listener of ours that serves kernel TCP only.
+            if (tDepth == 0 && gSockets.has(fd))
+                trackKernelAccept(fd, r, false);
+        }
         return r;
     }
     return boundary([&]() -> int {
@@ -88,7 +95,9 @@ int acceptImpl(const void *ra, Real real, int fd, sockaddr *addr, socklen_t *len
         forgetStale(r);
         if (fresh) {
             if (!installSocket(r, std::move(fresh)))
-                RS_LOG(Error, "preload: fd %d is beyond the table; its connection is lost", r);
+                RS_LOG_FD(Error, r, "preload: beyond the fd table; its connection is lost");
+        } else {
+            trackKernelAccept(fd, r, true);
         }
         return r;
     });
@@ -128,7 +137,8 @@ template <class Dup>
 int dupOnto(const void *ra, Dup dup, int oldfd, int newfd)
 {
     if (tDepth > 0 || oldfd == newfd ||
-        !(gSockets.has(newfd) || gEpolls.has(newfd) || gSockets.has(oldfd) || gEpolls.has(oldfd)) ||
+        !(gSockets.has(newfd) || gEpolls.has(newfd) || gKernelConns.has(newfd) ||
+          gSockets.has(oldfd) || gEpolls.has(oldfd) || gKernelConns.has(oldfd)) ||
         internalAddress(ra))
         return dup();
     // dup2 closes newfd as close does: release ours there first, once oldfd is known to be
@@ -294,7 +304,8 @@ RS_EXPORT int getpeername(int fd, sockaddr *addr, socklen_t *len) noexcept
 
 RS_EXPORT int close(int fd)
 {
-    if (__builtin_expect(tDepth == 0 && (gSockets.has(fd) || gEpolls.has(fd)), 0) &&
+    if (__builtin_expect(
+            tDepth == 0 && (gSockets.has(fd) || gEpolls.has(fd) || gKernelConns.has(fd)), 0) &&
         !internalAddress(RS_CALLER()))
         releaseFd(fd);
     return real_close()(fd);

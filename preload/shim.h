@@ -144,6 +144,9 @@ struct ShimEpoll : EpollSet
 // every destructor (sockets still open at exit are never torn down).
 extern constinit FdTable<HybridSocket> gSockets;
 extern constinit FdTable<ShimEpoll> gEpolls;
+// Connections the program accepted on kernel TCP (no HybridSocket: their calls go straight to
+// the kernel), for the statistics and the live export; dups share the record.
+extern constinit FdTable<ConnRecord> gKernelConns;
 // Highest fd ever installed in gSockets: the bound for walks over the table (stats, fork).
 extern std::atomic<int> gMaxFd;
 
@@ -155,9 +158,12 @@ void releaseFd(int fd);
 // by a close we did not see (close_range, a raw syscall) is stale and goes.
 inline void forgetStale(int fd)
 {
-    if (__builtin_expect(gSockets.has(fd) || gEpolls.has(fd), 0))
+    if (__builtin_expect(gSockets.has(fd) || gEpolls.has(fd) || gKernelConns.has(fd), 0))
         releaseFd(fd);
 }
+// fd was accepted on kernel TCP from listener (its fd listenFd): records it as a fallback,
+// kernel_peer when the listener has a fabric side (dual), else the listener's reason.
+void trackKernelAccept(int listenFd, int fd, bool dual);
 
 const ShimConfig &shimConfig();
 int spinUs();

@@ -30,6 +30,7 @@
 #include <rdma/fi_cm.h>
 #include <rdma/fi_rma.h>
 
+#include "crash.h"
 #include "log.h"
 #include "progress.h"
 
@@ -733,6 +734,10 @@ void Connection::onTxCompleteLocked(TxOp *op)
         TxOp &head = txOps_[txHead_ % txCap_];
         if (!head.done)
             break;
+        if (!RS_CHECK(head.len <= tx_.posted - tx_.done)) {
+            failLocked(-ECONNRESET, "internal error");
+            return;
+        }
         tx_.done += head.len;
         if (head.len)
             writesInFlight_--;
@@ -804,7 +809,12 @@ void Connection::flushLocked(bool force)
                                  peer_.ringAvail(), maxChunk});
         uint64_t srcOff = tx_.offset(tx_.posted);
         uint64_t dst = peerRingAddr_ + peer_.written() % peer_.ringSize();
-        uint32_t word = *wire::encodeData(static_cast<uint32_t>(len));
+        const auto encoded = wire::encodeData(static_cast<uint32_t>(len));
+        if (!RS_CHECK(encoded)) {
+            failLocked(-ECONNRESET, "internal error");
+            return;
+        }
+        const uint32_t word = *encoded;
         TxOp &op = txOps_[txNext_ % txCap_];
         op.len = len;
         op.seq = txNext_;
@@ -1205,6 +1215,27 @@ Connection::Info Connection::info()
     i.probes = kaUnanswered_;
     i.probesSent = kaSent_;
     return i;
+}
+
+bool Connection::flowState(FlowState *out)
+{
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock())
+        return false;
+    out->state = static_cast<int>(state_);
+    out->error = error_;
+    out->shutWr = shutWr_ || closing_;
+    out->peerShutWr = peerShutWr_;
+    out->rttUs = rttUs_;
+    out->sendQueued = tx_.unsent() + tx_.inFlight();
+    out->recvQueued = rx_.readable();
+    out->peerCreditBytes = peer_.ringAvail();
+    out->peerCreditSlots = peer_.slots();
+    out->owedBytes = local_.ringDue();
+    out->owedSlots = local_.slotsDue();
+    out->sendBuf = static_cast<uint32_t>(tx_.size);
+    out->recvBuf = static_cast<uint32_t>(rx_.size);
+    return true;
 }
 
 int Connection::wait(int events, int timeoutMs)

@@ -136,6 +136,26 @@ public:
     };
     Info info();
 
+    // Queues and credits for diagnostics (rstream-stat): read as they are, without making
+    // progress. false when another thread holds the connection right now (ask again later).
+    struct FlowState
+    {
+        int state = 0; // 0 idle, 1 connecting, 2 accepting, 3 connected, 4 closed
+        int error = 0; // sticky -errno
+        bool shutWr = false;
+        bool peerShutWr = false;
+        uint32_t rttUs = 0;
+        uint64_t sendQueued = 0;      // in the send ring: unsent or in flight
+        uint64_t recvQueued = 0;      // in the receive ring, not read yet
+        uint64_t peerCreditBytes = 0; // room in the peer's ring we may write into
+        uint32_t peerCreditSlots = 0; // messages the peer can still receive
+        uint64_t owedBytes = 0;       // ring space consumed and not yet returned to the peer
+        uint32_t owedSlots = 0;       // receive slots reposted and not yet returned
+        uint32_t sendBuf = 0;
+        uint32_t recvBuf = 0;
+    };
+    bool flowState(FlowState *out);
+
     int localAddress(sockaddr_storage *addr, socklen_t *len) const;
     int peerAddress(sockaddr_storage *addr, socklen_t *len) const;
 

@@ -341,6 +341,37 @@ bool initCursor(unw_cursor_t *cursor, unw_context_t *ctx, void *uctx)
     return unw_getcontext(ctx) == 0 && unw_init_local(cursor, ctx) == 0;
 }
 
+// Writes one line per frame from cursor on: "#n 0xip name+off (object+offset)". Async-signal-
+// safe. signal: the first frame is the interrupted instruction (not a return address).
+void writeFrames(int fd, unw_cursor_t *cursor, bool signal)
+{
+    Line l;
+    for (int n = 0;; n++) {
+        if (n == kMaxFrames) {
+            l.str("#").dec(n).str(" ... (more frames not shown)").flush(fd);
+            break;
+        }
+        unw_word_t ip = 0;
+        if (unw_get_reg(cursor, UNW_REG_IP, &ip) != 0 || ip == 0)
+            break;
+        l.str("#").dec(n).str(" ").hex(ip).str(" ");
+        char name[256];
+        unw_word_t off = 0;
+        name[0] = '\0';
+        // -UNW_ENOMEM still returns the name, cut to the buffer.
+        const int r = unw_get_proc_name(cursor, name, sizeof(name), &off);
+        if ((r == 0 || r == -UNW_ENOMEM) && name[0])
+            l.str(name).str("+").hex(off);
+        else
+            l.str("??");
+        // A return address may be just past its function's (or object's) end: look up the call.
+        appendDso(l, (n == 0 && signal) || unw_is_signal_frame(cursor) > 0 ? ip : ip - 1);
+        l.flush(fd);
+        if (unw_step(cursor) <= 0)
+            break;
+    }
+}
+
 void report(int idx, const siginfo_t *info, void *uctx, pid_t tid)
 {
     const int fd = crashLogFd();
@@ -363,30 +394,7 @@ void report(int idx, const siginfo_t *info, void *uctx, pid_t tid)
         l.str("rstream crash: no backtrace (libunwind could not start)").flush(fd);
         return;
     }
-    for (int n = 0;; n++) {
-        if (n == kMaxFrames) {
-            l.str("#").dec(n).str(" ... (more frames not shown)").flush(fd);
-            break;
-        }
-        unw_word_t ip = 0;
-        if (unw_get_reg(&cursor, UNW_REG_IP, &ip) != 0 || ip == 0)
-            break;
-        l.str("#").dec(n).str(" ").hex(ip).str(" ");
-        char name[256];
-        unw_word_t off = 0;
-        name[0] = '\0';
-        // -UNW_ENOMEM still returns the name, cut to the buffer.
-        const int r = unw_get_proc_name(&cursor, name, sizeof(name), &off);
-        if ((r == 0 || r == -UNW_ENOMEM) && name[0])
-            l.str(name).str("+").hex(off);
-        else
-            l.str("??");
-        // A return address may be just past its function's (or object's) end: look up the call.
-        appendDso(l, n == 0 || unw_is_signal_frame(&cursor) > 0 ? ip : ip - 1);
-        l.flush(fd);
-        if (unw_step(&cursor) <= 0)
-            break;
-    }
+    writeFrames(fd, &cursor, true);
 }
 
 void setDefault(int sig)
@@ -508,7 +516,38 @@ void installAltStack()
         munmap(mem, kAltStackSize + page);
 }
 
+// How many invariant failures still get a backtrace (the first few tell the story).
+std::atomic<int> gBacktracesLeft{16};
+
 } // namespace
+
+__attribute__((noinline)) void logBacktrace(int skip)
+{
+    logInit();
+    const int fd = logFd() >= 0 ? logFd() : STDERR_FILENO;
+    unw_context_t ctx;
+    unw_cursor_t cursor;
+    if (unw_getcontext(&ctx) != 0 || unw_init_local(&cursor, &ctx) != 0)
+        return;
+    // Starts at the caller: this function is not part of the story.
+    for (int i = 0; i <= skip; i++)
+        if (unw_step(&cursor) <= 0)
+            return;
+    writeFrames(fd, &cursor, false);
+}
+
+__attribute__((noinline)) bool invariantFailed(const char *what, const char *file, int line)
+{
+    const char *base = std::strrchr(file, '/');
+    RS_LOG(Error, "internal invariant failed: %s (%s:%d); resetting the connection", what,
+           base ? base + 1 : file, line);
+    const char *env = std::getenv("RSTREAM_BACKTRACE");
+    if ((env && !std::strcmp(env, "0")) || !logEnabled(LogLevel::Error))
+        return false;
+    if (gBacktracesLeft.fetch_sub(1, std::memory_order_relaxed) > 0)
+        logBacktrace(1); // from the function whose check failed
+    return false;
+}
 
 void installCrashHandler()
 {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Crash reports: a symbolised backtrace in the log on SIGSEGV/SIGBUS/SIGABRT/SIGFPE/SIGILL.
+// Crash reports on SIGSEGV/SIGBUS/SIGABRT/SIGFPE/SIGILL, and RS_CHECK for internal invariants.
 #pragma once
 
 namespace rstream {
@@ -11,4 +11,20 @@ namespace rstream {
 // process still dies of the signal. A handler the program installs later replaces it.
 void installCrashHandler();
 
+// Writes the calling thread's backtrace to the log, one line per frame ("#n 0xip function+off
+// (object+offset)"), starting at the caller (skip: that many of its callers less). Not for
+// signal handlers.
+void logBacktrace(int skip = 0);
+
+// An internal invariant does not hold: logs what and where at error level with a backtrace
+// (the first 16 times; none with RSTREAM_BACKTRACE=0) and returns false. See RS_CHECK.
+bool invariantFailed(const char *what, const char *file, int line);
+
 } // namespace rstream
+
+// RS_CHECK(cond): true when cond holds; otherwise the failure is logged with a backtrace and it
+// is false, so that the caller fails the affected connection (or operation) instead of taking
+// the program down:  if (!RS_CHECK(done <= posted)) { failLocked(...); return; }
+#define RS_CHECK(cond)                                                                             \
+    (__builtin_expect(static_cast<bool>(cond), 1) ||                                               \
+     ::rstream::invariantFailed(#cond, __FILE__, __LINE__))

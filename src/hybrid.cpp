@@ -68,6 +68,8 @@ std::string describe(const sockaddr *addr)
 }
 
 // Destinations whose fabric connect failed recently: later connects go straight to the kernel.
+// Expired entries go when looked up, and all of them whenever the map has doubled since the
+// last sweep, so it holds about as many entries as there are live ones.
 class NegativeCache
 {
 public:
@@ -83,21 +85,57 @@ public:
         }
         return true;
     }
-    // Returns true the first time a destination is added (for logging once).
-    bool add(const std::string &key, int ttlMs)
+    void add(const std::string &key, int ttlMs)
+    {
+        if (ttlMs <= 0)
+            return;
+        std::lock_guard<std::mutex> lock(mutex_);
+        const int64_t now = nowMs();
+        entries_[key] = now + ttlMs;
+        if (entries_.size() >= sweepAt_) {
+            std::erase_if(entries_, [now](const auto &e) { return now >= e.second; });
+            sweepAt_ = std::max<size_t>(64, 2 * entries_.size());
+        }
+    }
+    size_t size()
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        bool fresh = !logged_.count(key);
-        logged_[key] = true;
-        entries_[key] = nowMs() + ttlMs;
-        return fresh;
+        return entries_.size();
     }
 
 private:
     std::mutex mutex_;
     std::map<std::string, int64_t> entries_;
-    std::map<std::string, bool> logged_;
+    size_t sweepAt_ = 64;
 };
+
+// What the log says about a fallback (formatted only when the line is written). where: the
+// fabric address (connects) or port (listeners) concerned; err: the fabric's errno.
+std::string fallbackDetail(Fallback why, int port, const std::string &where, int err,
+                           int timeoutMs = 0)
+{
+    switch (why) {
+    case Fallback::Refused:
+        return "nothing listens on " + where;
+    case Fallback::Timeout:
+        return "no answer from " + where + " within " + std::to_string(timeoutMs) + " ms";
+    case Fallback::Excluded:
+        return "RSTREAM_EXCLUDE";
+    case Fallback::Ports:
+        return "port " + std::to_string(port) + " is not in RSTREAM_PORTS";
+    case Fallback::NegativeCache:
+        return "the fabric at " + where + " failed less than RSTREAM_NEGATIVE_CACHE_MS ago";
+    case Fallback::ProviderError:
+    case Fallback::PortBusy:
+        return where + ": " + strerror(err);
+    case Fallback::Unsupported:
+        return port ? "no fabric port for port " + std::to_string(port) : "address family";
+    case Fallback::ForkChild:
+        return "a socket inherited in a fork child";
+    default:
+        return "";
+    }
+}
 
 NegativeCache &negativeCache()
 {
@@ -111,6 +149,15 @@ std::vector<std::shared_ptr<Socket>> &inheritedSockets()
 {
     static auto *v = new std::vector<std::shared_ptr<Socket>>();
     return *v;
+}
+
+// A decimal number in lo..hi (digits only), or -1.
+int parseNumber(const std::string &s, int lo, int hi)
+{
+    if (s.empty() || s.size() > 9 || !std::all_of(s.begin(), s.end(), ::isdigit))
+        return -1;
+    const int n = std::stoi(s);
+    return n >= lo && n <= hi ? n : -1;
 }
 
 int envInt(const char *name, int def, int lo, int hi)
@@ -178,18 +225,31 @@ ShimConfig ShimConfig::fromEnv()
                 Net n{};
                 std::string addr = item;
                 // A trailing :port (for IPv6 write [addr]:port).
-                size_t colon = addr.rfind(':');
-                bool v6 = std::count(addr.begin(), addr.end(), ':') > 1 && addr[0] != '[';
-                if (!v6 && colon != std::string::npos) {
-                    n.port = std::atoi(addr.c_str() + colon + 1);
+                size_t colon = std::string::npos;
+                bool ok = true;
+                if (addr[0] == '[') {
+                    const size_t close = addr.find(']');
+                    if (close == std::string::npos)
+                        ok = false;
+                    else if (close + 1 < addr.size() && addr[close + 1] == ':')
+                        colon = close + 1;
+                    else if (close + 1 != addr.size())
+                        ok = false;
+                } else if (std::count(addr.begin(), addr.end(), ':') == 1) {
+                    colon = addr.find(':');
+                }
+                if (colon != std::string::npos) {
+                    // A port that does not parse must not become "any port".
+                    n.port = parseNumber(addr.substr(colon + 1), 1, 65535);
+                    ok = n.port > 0;
                     addr = addr.substr(0, colon);
                 }
                 if (!addr.empty() && addr.front() == '[' && addr.back() == ']')
                     addr = addr.substr(1, addr.size() - 2);
                 size_t slash = addr.find('/');
                 std::string host = addr.substr(0, slash);
-                bool ok = true;
-                if (host.empty()) {
+                if (!ok) {
+                } else if (host.empty()) {
                     n.family = 0; // any address
                 } else if (inet_pton(AF_INET, host.c_str(), n.addr) == 1) {
                     n.family = AF_INET;
@@ -200,8 +260,11 @@ ShimConfig ShimConfig::fromEnv()
                 } else {
                     ok = false;
                 }
-                if (ok && slash != std::string::npos)
-                    n.prefix = std::atoi(addr.c_str() + slash + 1);
+                if (ok && slash != std::string::npos) {
+                    n.prefix =
+                        parseNumber(addr.substr(slash + 1), 0, n.family == AF_INET ? 32 : 128);
+                    ok = n.family != 0 && n.prefix >= 0;
+                }
                 if (ok)
                     c.exclude.push_back(n);
                 else
@@ -262,27 +325,6 @@ bool ShimConfig::excluded(const sockaddr *addr) const
     return false;
 }
 
-ShimStats &shimStats()
-{
-    static auto *stats = new ShimStats();
-    return *stats;
-}
-
-std::string shimStatsJson(uint64_t openBytesSent, uint64_t openBytesReceived)
-{
-    ShimStats &s = shimStats();
-    char buf[512];
-    std::snprintf(buf, sizeof(buf),
-                  "{\"pid\": %d, \"provider\": \"%s\", \"fabric_connections\": %" PRIu64
-                  ", \"fallback_connections\": %" PRIu64 ", \"fabric_bytes_sent\": %" PRIu64
-                  ", \"fabric_bytes_received\": %" PRIu64 ", \"fabric_listeners\": %" PRIu64 "}",
-                  static_cast<int>(getpid()), chooseProvider(Settings::fromEnv()).c_str(),
-                  s.fabricConnections.load(), s.fallbackConnections.load(),
-                  s.fabricBytesSent.load() + openBytesSent,
-                  s.fabricBytesReceived.load() + openBytesReceived, s.fabricListeners.load());
-    return buf;
-}
-
 HybridSocket::HybridSocket(int fd, int family, bool nonblocking, const KernelOps &kops,
                            const ShimConfig &config)
     : fd_(fd), family_(family), k_(kops), config_(config)
@@ -302,12 +344,8 @@ std::shared_ptr<Socket> HybridSocket::socket()
     return sock_;
 }
 
-HybridSocket::~HybridSocket()
-{
-    // What this socket moved is added when it goes; RSTREAM_STATS adds the open ones.
-    shimStats().fabricBytesSent.fetch_add(sent_.load(), std::memory_order_relaxed);
-    shimStats().fabricBytesReceived.fetch_add(received_.load(), std::memory_order_relaxed);
-}
+// The connection's record (and what it moved) goes with record_.
+HybridSocket::~HybridSocket() = default;
 
 void HybridSocket::setNonblocking(bool on)
 {
@@ -382,7 +420,15 @@ int HybridSocket::listen(int backlog)
     int port = portOf(reinterpret_cast<sockaddr *>(&local));
     int fport = config_.fabricPort(port);
     std::shared_ptr<Socket> s;
-    if (config_.enabled && !noFabric_ && config_.portAllowed(port) && fport) {
+    Fallback why = Fallback::None;
+    int err = 0;
+    if (noFabric_) {
+        why = Fallback::ForkChild;
+    } else if (!fport) {
+        why = Fallback::Unsupported;
+    } else if (!config_.portAllowed(port)) {
+        why = Fallback::Ports;
+    } else {
         gEngineUsed.store(true, std::memory_order_relaxed);
         s = std::make_shared<Socket>(family_);
         applyOptions(*s);
@@ -393,12 +439,18 @@ int HybridSocket::listen(int backlog)
         if (r == 0)
             r = s->listen(backlog);
         if (r < 0) {
-            RS_LOG(Info, "no fabric listener for port %d on port %d (%s): kernel TCP only", port,
-                   fport, strerror(-r));
+            why = r == -EADDRINUSE ? Fallback::PortBusy : Fallback::ProviderError;
+            err = -r;
             s.reset();
         }
     }
     if (!s) {
+        fallback_ = why;
+        kernelListener_ = true;
+        countListener(false);
+        RS_LOG_FD(Info, fd_, "listener on port %d: kernel TCP only: %s (%s)", port,
+                  fallbackName(why),
+                  fallbackDetail(why, port, "fabric port " + std::to_string(fport), err).c_str());
         mode_.store(Mode::Kernel, std::memory_order_release);
         kernelGen_++;
         return 0;
@@ -409,9 +461,9 @@ int HybridSocket::listen(int backlog)
         k_.fcntl(fd_, F_SETFL, fl | O_NONBLOCK);
     sock_ = std::move(s);
     appPort_ = port;
-    shimStats().fabricListeners.fetch_add(1, std::memory_order_relaxed);
+    countListener(true);
     mode_.store(Mode::Listener, std::memory_order_release);
-    RS_LOG(Debug, "listening on port %d: kernel TCP and fabric port %d", port, fport);
+    RS_LOG_FD(Debug, fd_, "listening on port %d: kernel TCP and fabric port %d", port, fport);
     return 0;
 }
 
@@ -445,26 +497,42 @@ int HybridSocket::accept(sockaddr *addr, socklen_t *len, int flags,
                     auto hs = std::make_shared<HybridSocket>(nfd, family_, flags & SOCK_NONBLOCK,
                                                              k_, config_);
                     ns->setNonblocking(flags & SOCK_NONBLOCK);
+                    // The addresses as the application sees them: the peer's, and the port it
+                    // listened on.
+                    sockaddr_storage local{}, peer{};
+                    socklen_t llen = sizeof(local), plen = sizeof(peer);
+                    if (ns->localAddress(reinterpret_cast<sockaddr *>(&local), &llen) == 0)
+                        setPort(&local, appPort_);
+                    else
+                        llen = 0;
+                    if (ns->peerAddress(reinterpret_cast<sockaddr *>(&peer), &plen) != 0)
+                        plen = 0;
+                    auto record = std::make_unique<ConnRecord>(
+                        nfd, true, Fallback::None, true, reinterpret_cast<sockaddr *>(&local), llen,
+                        reinterpret_cast<sockaddr *>(&peer), plen);
+                    record->setConnection(ns->connection());
+                    hs->bytes_ = &record->bytes();
+                    hs->record_ = std::move(record);
                     hs->sock_ = std::move(ns);
                     hs->appPort_ = appPort_;
                     hs->accepted_ = true;
                     hs->mode_.store(Mode::Fabric, std::memory_order_release);
                     if (addr && len) {
-                        // The address the application sees is the peer's, in our family.
-                        hs->sock_->peerAddress(addr, len);
+                        std::memcpy(addr, &peer, std::min(*len, plen));
+                        *len = plen;
                     }
-                    shimStats().fabricConnections.fetch_add(1, std::memory_order_relaxed);
+                    countFabricConnection();
+                    RS_LOG_FD(Debug, nfd, "fabric connection accepted from %s",
+                              plen ? describe(reinterpret_cast<sockaddr *>(&peer)).c_str() : "?");
                     *newSock = std::move(hs);
                     return nfd;
                 }
                 if (r != -EAGAIN)
-                    RS_LOG(Debug, "fabric accept: %s", strerror(-r));
+                    RS_LOG_FD(Debug, fd_, "fabric accept: %s", strerror(-r));
             } else if (!fabric) {
                 int r = k_.accept4(fd_, addr, len, flags);
-                if (r >= 0) {
-                    shimStats().fallbackConnections.fetch_add(1, std::memory_order_relaxed);
-                    return r;
-                }
+                if (r >= 0)
+                    return r; // the caller records it (kernel_peer)
                 if (errno != EAGAIN && errno != EWOULDBLOCK)
                     return -errno;
             }
@@ -536,25 +604,53 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
         return -EISCONN;
     if (m == Mode::Inherited)
         return -EIO;
-    if (m == Mode::Kernel)
-        return k_.connect(fd_, addr, len) < 0 ? -errno : 0;
+    if (m == Mode::Kernel) {
+        // Again, after a kernel connect that failed or is in progress.
+        if (k_.connect(fd_, addr, len) < 0) {
+            const int err = errno;
+            if (err == EINPROGRESS && addr) {
+                std::lock_guard<std::mutex> lock(mutex_);
+                recordKernelLocked(addr, len);
+            }
+            return -err;
+        }
+        if (addr) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            recordKernelLocked(addr, len);
+        }
+        countFallbackIfEstablished();
+        return 0;
+    }
     if (!addr)
         return -EFAULT;
     if (len < sizeof(sa_family_t))
         return -EINVAL;
 
     // Undecided: the fabric when the destination may have a fabric listener.
-    bool candidate = config_.enabled && !noFabric_ && addr->sa_family == family_ &&
-                     len >= (family_ == AF_INET ? sizeof(sockaddr_in) : 24);
-    int port = candidate ? portOf(addr) : 0;
-    int fport = config_.fabricPort(port);
-    std::string key;
-    if (candidate && fport && config_.portAllowed(port) && !config_.excluded(addr)) {
+    const bool inet = addr->sa_family == AF_INET || addr->sa_family == AF_INET6;
+    const bool usable =
+        addr->sa_family == family_ && len >= (family_ == AF_INET ? sizeof(sockaddr_in) : 24);
+    const int port = usable ? portOf(addr) : 0;
+    const int fport = config_.fabricPort(port);
+    Fallback why = Fallback::None;
+    std::string key; // the fabric destination
+    int fabricErr = 0;
+    if (noFabric_) {
+        why = Fallback::ForkChild;
+    } else if (!usable || !fport) {
+        why = Fallback::Unsupported;
+    } else if (!config_.portAllowed(port)) {
+        why = Fallback::Ports;
+    } else if (config_.excluded(addr)) {
+        why = Fallback::Excluded;
+    } else {
         sockaddr_storage dest{};
         std::memcpy(&dest, addr, std::min<socklen_t>(len, sizeof(dest)));
         setPort(&dest, fport);
         key = describe(reinterpret_cast<sockaddr *>(&dest));
-        if (!negativeCache().has(key)) {
+        if (negativeCache().has(key)) {
+            why = Fallback::NegativeCache;
+        } else {
             std::shared_ptr<Socket> s;
             int r = connectFabric(reinterpret_cast<sockaddr *>(&dest), len, &s);
             if (r == 0) {
@@ -562,25 +658,69 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
                 s->setNonblocking(nonblocking());
                 if (!nonblocking())
                     s->confirmConnected();
+                sockaddr_storage local{};
+                socklen_t llen = sizeof(local);
+                if (s->localAddress(reinterpret_cast<sockaddr *>(&local), &llen) != 0)
+                    llen = 0;
+                auto record = std::make_unique<ConnRecord>(fd_, true, Fallback::None, false,
+                                                           reinterpret_cast<sockaddr *>(&local),
+                                                           llen, addr, len);
+                record->setConnection(s->connection());
+                bytes_ = &record->bytes();
+                record_ = std::move(record);
                 sock_ = std::move(s);
                 peerLen_ = std::min<socklen_t>(len, sizeof(peer_));
                 std::memcpy(&peer_, addr, peerLen_);
                 mode_.store(Mode::Fabric, std::memory_order_release);
-                shimStats().fabricConnections.fetch_add(1, std::memory_order_relaxed);
+                countFabricConnection();
+                RS_LOG_FD(Debug, fd_, "fabric connection to %s (fabric port %d)",
+                          describe(addr).c_str(), fport);
                 // A nonblocking connect reports progress the way TCP does; POLLOUT is ready.
                 return nonblocking() ? -EINPROGRESS : 0;
             }
-            if (negativeCache().add(key, config_.negativeCacheMs))
-                RS_LOG(Info, "no fabric at %s (%s): kernel TCP", key.c_str(), strerror(-r));
+            negativeCache().add(key, config_.negativeCacheMs);
+            why = r == -ECONNREFUSED ? Fallback::Refused
+                  : r == -ETIMEDOUT  ? Fallback::Timeout
+                                     : Fallback::ProviderError;
+            fabricErr = -r;
         }
     }
     // Kernel TCP on the application's own fd, with the options it set already applied.
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        fallback_ = why;
+    }
+    if (inet)
+        RS_LOG_FD(Info, fd_, "kernel TCP to %s: %s (%s)", describe(addr).c_str(), fallbackName(why),
+                  fallbackDetail(why, port, key, fabricErr, config_.connectTimeoutMs).c_str());
     mode_.store(Mode::Kernel, std::memory_order_release);
     kernelGen_++;
-    if (k_.connect(fd_, addr, len) < 0)
-        return -errno;
+    if (k_.connect(fd_, addr, len) < 0) {
+        const int err = errno;
+        if (err == EINPROGRESS) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            recordKernelLocked(addr, len);
+        }
+        return -err;
+    }
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        recordKernelLocked(addr, len);
+    }
     countFallbackIfEstablished();
     return 0;
+}
+
+void HybridSocket::recordKernelLocked(const sockaddr *peer, socklen_t peerLen)
+{
+    if (record_ || (peer->sa_family != AF_INET && peer->sa_family != AF_INET6))
+        return;
+    sockaddr_storage local{};
+    socklen_t llen = sizeof(local);
+    if (k_.getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen) != 0)
+        llen = 0;
+    record_ = std::make_unique<ConnRecord>(
+        fd_, false, fallback_, false, reinterpret_cast<sockaddr *>(&local), llen, peer, peerLen);
 }
 
 ssize_t HybridSocket::send(const iovec *iov, int iovcnt, int flags)
@@ -593,7 +733,7 @@ ssize_t HybridSocket::send(const iovec *iov, int iovcnt, int flags)
     std::shared_ptr<Socket> s = socket();
     ssize_t r = s->send(iov, iovcnt, flags);
     if (r > 0)
-        sent_.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
+        bytes_->sent.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
     return r;
 }
 
@@ -607,7 +747,7 @@ ssize_t HybridSocket::recv(const iovec *iov, int iovcnt, int flags)
     std::shared_ptr<Socket> s = socket();
     ssize_t r = s->recv(iov, iovcnt, flags);
     if (r > 0 && !(flags & MSG_PEEK))
-        received_.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
+        bytes_->received.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
     return r;
 }
 
@@ -720,20 +860,41 @@ int HybridSocket::fionread(int *bytes)
 
 void HybridSocket::onFdClosed(int fd)
 {
-    if (fd == fd_ && mode() == Mode::Kernel)
+    if (mode() != Mode::Kernel)
+        return;
+    if (fd == fd_)
         countFallbackIfEstablished();
+    // What the kernel moved, while a descriptor of it is still open.
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (record_)
+        record_->readKernelBytes(k_.getsockopt, fd);
+}
+
+void HybridSocket::noteExit()
+{
+    if (mode() == Mode::Kernel)
+        countFallbackIfEstablished();
+}
+
+bool HybridSocket::kernelListener(Fallback *why)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    *why = fallback_;
+    return kernelListener_;
 }
 
 void HybridSocket::countFallbackIfEstablished()
 {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (fallbackCounted_)
+    if (fallbackCounted_ || kernelListener_)
         return;
     sockaddr_storage peer;
     socklen_t plen = sizeof(peer);
     if (k_.getpeername(fd_, reinterpret_cast<sockaddr *>(&peer), &plen) == 0) {
         fallbackCounted_ = true;
-        shimStats().fallbackConnections.fetch_add(1, std::memory_order_relaxed);
+        countFallback(fallback_);
+        if (record_)
+            record_->markEstablished();
     }
 }
 
@@ -836,19 +997,13 @@ std::string HybridSocket::debugState()
 {
     std::shared_ptr<Socket> s = socket();
     std::string r = "fd=" + std::to_string(fd_) + " mode=" + std::to_string(int(mode()));
+    if (mode() == Mode::Kernel) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        r += std::string(" fallback=") + fallbackName(fallback_);
+    }
     if (s)
         r += " " + s->debugState();
     return r;
-}
-
-uint64_t HybridSocket::bytesSent()
-{
-    return sent_.load(std::memory_order_relaxed);
-}
-
-uint64_t HybridSocket::bytesReceived()
-{
-    return received_.load(std::memory_order_relaxed);
 }
 
 } // namespace rstream

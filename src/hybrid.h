@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "poller.h"
+#include "shimstats.h"
 #include "socket.h"
 
 namespace rstream {
@@ -63,20 +64,8 @@ struct ShimConfig
     bool excluded(const sockaddr *addr) const;
 };
 
-// Process-wide counters for RSTREAM_STATS.
-struct ShimStats
-{
-    std::atomic<uint64_t> fabricConnections{0};
-    std::atomic<uint64_t> fallbackConnections{0};
-    std::atomic<uint64_t> fabricBytesSent{0};
-    std::atomic<uint64_t> fabricBytesReceived{0};
-    std::atomic<uint64_t> fabricListeners{0};
-};
-ShimStats &shimStats();
 // Whether this process has used the fabric (a fork child of such a process must not).
 bool engineUsed();
-// One JSON object with the counters (and those of the sockets still open, passed in).
-std::string shimStatsJson(uint64_t openBytesSent, uint64_t openBytesReceived);
 
 class HybridSocket : public Pollable
 {
@@ -111,8 +100,12 @@ public:
     int bind(const sockaddr *addr, socklen_t len);
     int listen(int backlog);
     // A new fd: for a fabric connection *newSock is its HybridSocket (the caller installs it
-    // under the returned fd); for a kernel connection *newSock stays null.
+    // under the returned fd); for a kernel connection *newSock stays null (the caller keeps its
+    // record: a fallback of reason kernel_peer).
     int accept(sockaddr *addr, socklen_t *len, int flags, std::shared_ptr<HybridSocket> *newSock);
+    // A listener that serves kernel TCP only (its fabric side could not be had), and why: the
+    // caller records the connections it accepts (kernel accept on its fd) as such fallbacks.
+    bool kernelListener(Fallback *why);
     int connect(const sockaddr *addr, socklen_t len);
     ssize_t send(const iovec *iov, int iovcnt, int flags);
     ssize_t recv(const iovec *iov, int iovcnt, int flags);
@@ -140,8 +133,8 @@ public:
     int kernelFd() override;
 
     std::string debugState();
-    uint64_t bytesSent();
-    uint64_t bytesReceived();
+    // At exit: a kernel connection that got established is counted now (see onFdClosed).
+    void noteExit();
 
 private:
     struct Option
@@ -158,6 +151,9 @@ private:
     int kernelPollNow(int events);
     void countFallbackIfEstablished();
     int applyOptions(Socket &s);
+    // The record of a kernel connection to peer, once connect() went ahead (established or in
+    // progress; countFallbackIfEstablished() marks it established).
+    void recordKernelLocked(const sockaddr *peer, socklen_t peerLen);
 
     const int fd_;
     const int family_;
@@ -175,13 +171,16 @@ private:
     sockaddr_storage peer_{}; // the address the application connected to
     socklen_t peerLen_ = 0;
     bool fallbackCounted_ = false;
+    Fallback fallback_ = Fallback::None; // why this socket (or listener) is on kernel TCP
+    bool kernelListener_ = false;
+    std::unique_ptr<ConnRecord> record_; // once connected: statistics and the live export
+    // record_'s byte counters, set before the mode turns Fabric (the data path adds to them).
+    exportfile::ByteCounters *bytes_ = nullptr;
     bool accepted_ = false; // from a fabric listener
     int appPort_ = 0;       // the application's listening port (fabric listeners use another)
     bool noFabric_ = false; // inherited across fork: kernel TCP only
     int rcvTimeoutMs_ = -1;
     std::atomic<bool> acceptFabricFirst_{true};
-    std::atomic<uint64_t> sent_{0};
-    std::atomic<uint64_t> received_{0};
 };
 
 } // namespace rstream

@@ -1,42 +1,57 @@
 // SPDX-License-Identifier: MIT
-// Log sink: one line per event with time, pid and tid, written with a single write(2).
+// Log sink: one line per event with time, pid, tid (and fd), written with a single write(2).
 
 #include "log.h"
 
-#include <cstdarg>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <fcntl.h>
 #include <mutex>
+#include <new>
+#include <pthread.h>
 #include <string>
+#include <strings.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 namespace rstream {
 
+constinit std::atomic<int> gLogLevel{kLogLevelUnread};
+
 namespace {
 
-int levelFromEnv()
-{
-    const char *v = std::getenv("RSTREAM_LOG");
-    if (!v)
-        return static_cast<int>(LogLevel::Warn);
-    static const char *names[] = {"error", "warn", "info", "debug", "trace"};
-    for (int i = 0; i < 5; i++)
-        if (!strcasecmp(v, names[i]))
-            return i;
-    return static_cast<int>(LogLevel::Warn);
-}
+constexpr const char *kLevelNames[] = {"error", "warn", "info", "debug", "trace"};
 
+// Set once RSTREAM_LOG was read and the sink chosen; cleared in a fork child that must reopen.
+std::atomic<bool> gReady{false};
+std::mutex gInitMutex; // taken only by logInit, until gReady
 int gLogFd = STDERR_FILENO;
-std::once_flag gLogOnce;
+bool gOwnFd = false;      // gLogFd is RSTREAM_LOG_FILE, opened here
+bool gPathHasPid = false; // its name has %p: a fork child opens its own
 // gLogFd once settled; an atomic so that a signal handler on any thread may read it.
 std::atomic<int> gLogFdReady{-1};
 
-void openLogFile()
+// The level RSTREAM_LOG names; *bad when it names none (warn is used).
+int levelFromEnv(const char **bad)
 {
+    const char *v = std::getenv("RSTREAM_LOG");
+    if (!v || !*v)
+        return static_cast<int>(LogLevel::Warn);
+    for (int i = 0; i < 5; i++)
+        if (!strcasecmp(v, kLevelNames[i]))
+            return i;
+    *bad = v;
+    return static_cast<int>(LogLevel::Warn);
+}
+
+// Opens RSTREAM_LOG_FILE (%p = pid, appended); stderr when unset or when it cannot be opened.
+void openLogFile(std::string *failed)
+{
+    gLogFd = STDERR_FILENO;
+    gOwnFd = false;
+    gPathHasPid = false;
     const char *path = std::getenv("RSTREAM_LOG_FILE");
     if (!path || !*path)
         return;
@@ -44,29 +59,84 @@ void openLogFile()
     for (const char *c = path; *c; c++) {
         if (c[0] == '%' && c[1] == 'p') {
             p += std::to_string(getpid());
+            gPathHasPid = true;
             c++;
         } else {
             p += *c;
         }
     }
     int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd >= 0)
-        gLogFd = fd;
+    if (fd < 0) {
+        *failed = p + ": " + strerror(errno);
+        return;
+    }
+    gLogFd = fd;
+    gOwnFd = true;
 }
 
-void openLog()
+void writeLine(int fd, const char *buf, size_t n)
 {
-    openLogFile();
-    gLogFdReady.store(gLogFd, std::memory_order_release);
+    while (n > 0) {
+        ssize_t w = ::write(fd, buf, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return;
+        buf += w;
+        n -= static_cast<size_t>(w);
+    }
+}
+
+void vlog(LogLevel level, int fd, const char *fmt, va_list ap)
+{
+    // The first line of the process may come before anything read the level.
+    if (!gReady.load(std::memory_order_acquire))
+        logInit();
+    if (static_cast<int>(level) > gLogLevel.load(std::memory_order_relaxed))
+        return;
+    const int saved = errno;
+    char buf[1024];
+    timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    const size_t n = formatLogLine(buf, sizeof(buf), level, fd, ts, getpid(),
+                                   static_cast<long>(syscall(SYS_gettid)), fmt, ap);
+    writeLine(gLogFd, buf, n);
+    errno = saved;
 }
 
 } // namespace
 
-std::atomic<int> gLogLevel{levelFromEnv()};
-
 void logInit()
 {
-    std::call_once(gLogOnce, openLog);
+    if (gReady.load(std::memory_order_acquire))
+        return;
+    const char *bad = nullptr;
+    std::string failed;
+    {
+        std::lock_guard<std::mutex> lock(gInitMutex);
+        if (gReady.load(std::memory_order_relaxed))
+            return;
+        static bool atfork = false;
+        if (!atfork) {
+            atfork = true;
+            pthread_atfork(nullptr, nullptr, logAfterFork);
+        }
+        const int level = levelFromEnv(&bad);
+        openLogFile(&failed);
+        gLogFdReady.store(gLogFd, std::memory_order_release);
+        gLogLevel.store(level, std::memory_order_relaxed);
+        gReady.store(true, std::memory_order_release);
+    }
+    if (bad)
+        RS_LOG(Warn, "RSTREAM_LOG=%s is not error, warn, info, debug or trace; using warn", bad);
+    if (!failed.empty())
+        RS_LOG(Warn, "cannot open RSTREAM_LOG_FILE %s; logging to stderr", failed.c_str());
+}
+
+bool logEnabled(LogLevel level)
+{
+    logInit();
+    return static_cast<int>(level) <= gLogLevel.load(std::memory_order_relaxed);
 }
 
 int logFd()
@@ -76,22 +146,56 @@ int logFd()
 
 void logWrite(LogLevel level, const char *fmt, ...)
 {
-    logInit();
-    static const char *tags[] = {"error", "warn", "info", "debug", "trace"};
-    char buf[1024];
-    timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    int n = snprintf(buf, sizeof(buf), "rstream %ld.%06ld %d/%ld %s: ", (long)ts.tv_sec,
-                     ts.tv_nsec / 1000, getpid(), (long)syscall(SYS_gettid),
-                     tags[static_cast<int>(level)]);
     va_list ap;
     va_start(ap, fmt);
-    int m = vsnprintf(buf + n, sizeof(buf) - n - 1, fmt, ap);
+    vlog(level, -1, fmt, ap);
     va_end(ap);
-    n += m < 0 ? 0 : std::min<int>(m, sizeof(buf) - n - 2);
+}
+
+void logWriteFd(LogLevel level, int fd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(level, fd < 0 ? -1 : fd, fmt, ap);
+    va_end(ap);
+}
+
+void logAfterFork()
+{
+    // Another thread of the parent may have held the lock at the fork.
+    new (&gInitMutex) std::mutex();
+    if (!gReady.load(std::memory_order_relaxed) || !gPathHasPid || !gOwnFd)
+        return;
+    ::close(gLogFd);
+    gLogFd = STDERR_FILENO;
+    gOwnFd = false;
+    gLogFdReady.store(-1, std::memory_order_release);
+    gReady.store(false, std::memory_order_release);
+}
+
+size_t formatLogLine(char *buf, size_t cap, LogLevel level, int fd, const timespec &realtime,
+                     int pid, long tid, const char *fmt, va_list ap)
+{
+    if (cap < 2)
+        return 0;
+    // The text ends at cap - 1 at most, where the newline replaces snprintf's terminator.
+    size_t n = 0;
+    auto add = [&](int m) {
+        if (m > 0)
+            n = std::min(cap - 1, n + static_cast<size_t>(m));
+    };
+    tm t{};
+    const time_t secs = realtime.tv_sec;
+    gmtime_r(&secs, &t);
+    const int lvl = std::clamp(static_cast<int>(level), 0, 4);
+    add(snprintf(buf, cap, "rstream %04d-%02d-%02dT%02d:%02d:%02d.%06ldZ pid=%d tid=%ld %s: ",
+                 t.tm_year + 1900, t.tm_mon + 1, t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec,
+                 realtime.tv_nsec / 1000, pid, tid, kLevelNames[lvl]));
+    if (fd >= 0)
+        add(snprintf(buf + n, cap - n, "fd=%d ", fd));
+    add(vsnprintf(buf + n, cap - n, fmt, ap));
     buf[n++] = '\n';
-    ssize_t w = ::write(gLogFd, buf, n);
-    (void)w;
+    return n;
 }
 
 } // namespace rstream

@@ -1270,6 +1270,12 @@ std::string Socket::debugState()
     return r;
 }
 
+std::shared_ptr<Connection> Socket::connection()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    return conn_;
+}
+
 bool Socket::isListening()
 {
     std::lock_guard<std::mutex> lock(mutex_);

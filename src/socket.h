@@ -100,6 +100,8 @@ public:
     // Whether the listener answers connection requests without the application (default on).
     void setBackgroundAccept(bool on);
     std::string debugState();
+    // The engine connection (null before connect and on listeners), for diagnostics.
+    std::shared_ptr<Connection> connection();
     bool isListening();
     bool isConnected();
     // Statistics.
