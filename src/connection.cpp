@@ -1228,7 +1228,7 @@ bool Connection::flowState(FlowState *out)
     out->peerShutWr = peerShutWr_;
     out->rttUs = rttUs_;
     out->sendQueued = tx_.unsent() + tx_.inFlight();
-    out->recvQueued = rx_.readable();
+    out->recvQueued = readableLocked();
     out->peerCreditBytes = peer_.ringAvail();
     out->peerCreditSlots = peer_.slots();
     out->owedBytes = local_.ringDue();
