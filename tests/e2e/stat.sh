@@ -25,7 +25,7 @@ child_of() {
 
 # biggest FILE FIELD: the largest value of FIELD among the connections in FILE.
 biggest() {
-	grep -o "\"$2\": [0-9]*" "$1" | awk '{ if ($2 > m) m = $2 } END { print m + 0 }'
+	grep -o "\"$2\": [0-9]*" "$1" | awk '{ print $2 }' | sort -n | tail -1
 }
 
 # A stale export of a process that is gone: removed by the first look.
