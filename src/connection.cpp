@@ -193,17 +193,24 @@ int Connection::setup(const fi_info *info)
     const bool canReserve = !caps.mrAllocated;
     growSend_ = canReserve && settings_.sendBufMax > tx_.size;
     growRecv_ = canReserve && settings_.recvBufMax > rx_.size;
-    sendReserve_ = growSend_ ? std::max(settings_.sendBufMax, tx_.size) : tx_.size;
-    // Each new receive ring follows the previous one, and each is at least twice as big.
-    recvReserve_ = growRecv_ ? rx_.size + 2 * settings_.recvBufMax : rx_.size;
-
-    size_t sendOff = 0;
-    size_t recvOff = alignUp(sendOff + sendReserve_, 4096);
-    size_t slotOff = alignUp(recvOff + recvReserve_, 4096);
-    size_t ctrlOff = alignUp(slotOff + rxCount_ * sizeof(uint32_t), 64);
-    memSize_ = alignUp(ctrlOff + txCap_ * sizeof(uint32_t), 4096);
-    void *mem = mmap(nullptr, memSize_, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    size_t sendOff = 0, recvOff = 0, slotOff = 0, ctrlOff = 0;
+    void *mem = MAP_FAILED;
+    for (;;) {
+        sendReserve_ = growSend_ ? std::max(settings_.sendBufMax, tx_.size) : tx_.size;
+        // Each new receive ring follows the previous one, and each is at least twice as big.
+        recvReserve_ = growRecv_ ? rx_.size + 2 * settings_.recvBufMax : rx_.size;
+        recvOff = alignUp(sendOff + sendReserve_, 4096);
+        slotOff = alignUp(recvOff + recvReserve_, 4096);
+        ctrlOff = alignUp(slotOff + rxCount_ * sizeof(uint32_t), 64);
+        memSize_ = alignUp(ctrlOff + txCap_ * sizeof(uint32_t), 4096);
+        mem = mmap(nullptr, memSize_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (mem != MAP_FAILED || (!growSend_ && !growRecv_))
+            break;
+        // Under strict overcommit the reservation counts in full: keep the sizes instead.
+        RS_LOG(Info, "cannot reserve %zu bytes for growing rings: fixed sizes", memSize_);
+        growSend_ = growRecv_ = false;
+    }
     if (mem == MAP_FAILED) {
         memSize_ = 0;
         return -ENOMEM;
