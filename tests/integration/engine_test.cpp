@@ -18,6 +18,7 @@
 
 #include <fcntl.h>
 #include <rdma/fi_cm.h>
+#include <rdma/fi_endpoint.h>
 #include <string>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -634,6 +635,121 @@ TEST_P(EngineTest, PeerWithBadHelloIsRejected)
     fi_close(&domain->fid);
     fi_close(&fabric->fid);
     fi_freeinfo(info);
+}
+
+// A raw libfabric peer that completes the handshake with a valid hello, then sends words of its
+// choosing: whatever an rstream peer could never send must reset the connection.
+class RawPeer
+{
+public:
+    ~RawPeer()
+    {
+        if (ep_)
+            fi_close(&ep_->fid);
+        if (cq_)
+            fi_close(&cq_->fid);
+        if (eq_)
+            fi_close(&eq_->fid);
+        if (domain_)
+            fi_close(&domain_->fid);
+        if (fabric_)
+            fi_close(&fabric_->fid);
+        if (info_)
+            fi_freeinfo(info_);
+    }
+
+    // Connects to port with a hello for a ring of ringSize bytes.
+    void connect(uint16_t port, bool virtAddr, uint32_t ringSize)
+    {
+        fi_info *hints = fi_allocinfo();
+        hints->ep_attr->type = FI_EP_MSG;
+        hints->caps = FI_MSG | FI_RMA;
+        hints->fabric_attr->prov_name = strdup("tcp");
+        std::string service = std::to_string(port);
+        ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", service.c_str(), 0, hints, &info_), 0);
+        fi_freeinfo(hints);
+        ASSERT_EQ(fi_fabric(info_->fabric_attr, &fabric_, nullptr), 0);
+        ASSERT_EQ(fi_domain(fabric_, info_, &domain_, nullptr), 0);
+        fi_eq_attr eattr{};
+        eattr.wait_obj = FI_WAIT_FD;
+        ASSERT_EQ(fi_eq_open(fabric_, &eattr, &eq_, nullptr), 0);
+        ASSERT_EQ(fi_endpoint(domain_, info_, &ep_, nullptr), 0);
+        fi_cq_attr cattr{};
+        cattr.format = FI_CQ_FORMAT_DATA;
+        ASSERT_EQ(fi_cq_open(domain_, &cattr, &cq_, nullptr), 0);
+        ASSERT_EQ(fi_ep_bind(ep_, &eq_->fid, 0), 0);
+        ASSERT_EQ(fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV), 0);
+        ASSERT_EQ(fi_enable(ep_), 0);
+        for (auto &w : words_)
+            ASSERT_EQ(fi_recv(ep_, &w, sizeof(w), nullptr, 0, nullptr), 0);
+        wire::Hello h;
+        h.flags = wire::kFlagGrow | (virtAddr ? wire::kFlagVirtAddr : 0);
+        h.ringAddr = virtAddr ? 0x10000 : 0;
+        h.ringKey = 1;
+        h.ringSize = ringSize;
+        h.rxSlots = 16;
+        uint8_t data[wire::kHelloSize];
+        wire::encodeHello(h, data);
+        ASSERT_EQ(fi_connect(ep_, info_->dest_addr, data, sizeof(data)), 0);
+        uint32_t event = 0;
+        alignas(fi_eq_cm_entry) uint8_t buf[sizeof(fi_eq_cm_entry) + 256];
+        ASSERT_GT(fi_eq_sread(eq_, &event, buf, sizeof(buf), 5000, 0), 0);
+        ASSERT_EQ(event, uint32_t(FI_CONNECTED));
+    }
+
+    void send(uint32_t word)
+    {
+        ssize_t r;
+        do {
+            r = fi_senddata(ep_, nullptr, 0, nullptr, word, 0, nullptr);
+            fi_cq_data_entry e[8];
+            fi_cq_read(cq_, e, 8);
+        } while (r == -FI_EAGAIN);
+        ASSERT_EQ(r, 0);
+    }
+
+private:
+    fi_info *info_ = nullptr;
+    fid_fabric *fabric_ = nullptr;
+    fid_domain *domain_ = nullptr;
+    fid_eq *eq_ = nullptr;
+    fid_cq *cq_ = nullptr;
+    fid_ep *ep_ = nullptr;
+    uint32_t words_[16] = {};
+};
+
+TEST_P(EngineTest, PeerBreakingTheProtocolIsReset)
+{
+    if (GetParam().iwarp)
+        GTEST_SKIP() << "the raw peer sends words as immediates";
+    struct Case
+    {
+        const char *what;
+        std::vector<uint32_t> words;
+    };
+    const Case cases[] = {
+        {"SWITCH without GROW", {wire::encodeCtrl(wire::Ctrl::Switch)}},
+        {"GROW to a ring no bigger", {*wire::encodeGrow(12)}},
+        {"GROW beyond 256 MiB", {(2u << wire::kOpShift) | (29u << 8) | 6u}},
+        {"DATA beyond the ring", {*wire::encodeData(64 * 1024)}},
+        {"CREDIT for nothing sent", {*wire::encodeCredit(0, 1)}},
+        {"an unknown op", {7u << wire::kOpShift}},
+    };
+    auto l = listen(settings());
+    for (const Case &c : cases) {
+        SCOPED_TRACE(c.what);
+        std::unique_ptr<Connection> accepted;
+        std::thread server([&] { EXPECT_EQ(l->accept(&accepted, false, 5000), 0); });
+        RawPeer peer;
+        peer.connect(port_, GetParam().strict, 4096);
+        server.join();
+        ASSERT_TRUE(accepted);
+        for (uint32_t w : c.words)
+            peer.send(w);
+        char ch;
+        EXPECT_EQ(accepted->recv(&ch, 1, 0, 5000), -ECONNRESET);
+        EXPECT_EQ(accepted->send("x", 1), -ECONNRESET);
+    }
 }
 
 TEST(EngineSettings, OutOfRangeValuesAreRejected)
