@@ -658,9 +658,11 @@ public:
             fi_freeinfo(info_);
     }
 
-    // Connects to port with a hello for a ring of ringSize bytes.
-    void connect(uint16_t port, bool virtAddr, uint32_t ringSize)
+    // Connects to port with a hello for a ring of ringSize bytes. iwarp: words travel as 4-byte
+    // sends.
+    void connect(uint16_t port, bool virtAddr, bool iwarp, uint32_t ringSize)
     {
+        iwarp_ = iwarp;
         fi_info *hints = fi_allocinfo();
         hints->ep_attr->type = FI_EP_MSG;
         hints->caps = FI_MSG | FI_RMA;
@@ -683,7 +685,8 @@ public:
         for (auto &w : words_)
             ASSERT_EQ(fi_recv(ep_, &w, sizeof(w), nullptr, 0, nullptr), 0);
         wire::Hello h;
-        h.flags = wire::kFlagGrow | (virtAddr ? wire::kFlagVirtAddr : 0);
+        h.flags =
+            wire::kFlagGrow | (virtAddr ? wire::kFlagVirtAddr : 0) | (iwarp ? wire::kFlagIwarp : 0);
         h.ringAddr = virtAddr ? 0x10000 : 0;
         h.ringKey = 1;
         h.ringSize = ringSize;
@@ -701,7 +704,9 @@ public:
     {
         ssize_t r;
         do {
-            r = fi_senddata(ep_, nullptr, 0, nullptr, word, 0, nullptr);
+            sendWord_ = word;
+            r = iwarp_ ? fi_send(ep_, &sendWord_, sizeof(sendWord_), nullptr, 0, nullptr)
+                       : fi_senddata(ep_, nullptr, 0, nullptr, word, 0, nullptr);
             fi_cq_data_entry e[8];
             fi_cq_read(cq_, e, 8);
         } while (r == -FI_EAGAIN);
@@ -716,12 +721,12 @@ private:
     fid_cq *cq_ = nullptr;
     fid_ep *ep_ = nullptr;
     uint32_t words_[16] = {};
+    uint32_t sendWord_ = 0;
+    bool iwarp_ = false;
 };
 
 TEST_P(EngineTest, PeerBreakingTheProtocolIsReset)
 {
-    if (GetParam().iwarp)
-        GTEST_SKIP() << "the raw peer sends words as immediates";
     struct Case
     {
         const char *what;
@@ -741,12 +746,17 @@ TEST_P(EngineTest, PeerBreakingTheProtocolIsReset)
         std::unique_ptr<Connection> accepted;
         std::thread server([&] { EXPECT_EQ(l->accept(&accepted, false, 5000), 0); });
         RawPeer peer;
-        peer.connect(port_, GetParam().strict, 4096);
+        peer.connect(port_, GetParam().strict, GetParam().iwarp, 4096);
         server.join();
         ASSERT_TRUE(accepted);
+        // A word an rstream peer may send leaves the connection healthy.
+        peer.send(wire::encodeCtrl(wire::Ctrl::KeepaliveAck));
+        char ch;
+        EXPECT_EQ(accepted->recv(&ch, 1, kNonBlock, 0), -EAGAIN);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        EXPECT_EQ(accepted->recv(&ch, 1, kNonBlock, 0), -EAGAIN);
         for (uint32_t w : c.words)
             peer.send(w);
-        char ch;
         EXPECT_EQ(accepted->recv(&ch, 1, 0, 5000), -ECONNRESET);
         EXPECT_EQ(accepted->send("x", 1), -ECONNRESET);
     }
