@@ -247,6 +247,8 @@ struct Row
     uint32_t creditSlots;
     uint64_t owedBytes;
     uint32_t owedSlots;
+    uint32_t sendBuf; // ring sizes now (they grow for bulk transfers)
+    uint32_t recvBuf;
     // Kernel connections, from sock_diag.
     bool kernelKnown = false;
     KernelInfo kernel;
@@ -429,6 +431,8 @@ bool readProcess(int pid, Process *p, bool explicitPid)
             r.creditSlots = s.peerCreditSlots.load(std::memory_order_relaxed);
             r.owedBytes = s.owedBytes.load(std::memory_order_relaxed);
             r.owedSlots = s.owedSlots.load(std::memory_order_relaxed);
+            r.sendBuf = s.sendBuf.load(std::memory_order_relaxed);
+            r.recvBuf = s.recvBuf.load(std::memory_order_relaxed);
             std::atomic_thread_fence(std::memory_order_acquire);
             if (s.seq.load(std::memory_order_relaxed) != q1)
                 continue; // changed while we read it
@@ -482,12 +486,12 @@ void printText(const Process &p)
         std::printf("  (queues and credits not refreshed: the process did not answer)\n");
     if (p.rows.empty())
         return;
-    std::printf("%-6s %-6s %-11s %-25s %-25s %12s %12s %8s %8s %12s %10s %s\n", "FD", "PATH",
+    std::printf("%-6s %-6s %-11s %-25s %-25s %12s %12s %8s %8s %12s %10s %15s %s\n", "FD", "PATH",
                 "STATE", "LOCAL", "PEER", "SENT", "RECEIVED", "SEND-Q", "RECV-Q", "CREDIT", "OWED",
-                "REASON");
+                "RINGS", "REASON");
     for (const Row &r : p.rows) {
         const bool fab = r.path == kPathFabric;
-        std::string sent, received, sendQ, recvQ, credit = "-", owed = "-";
+        std::string sent, received, sendQ, recvQ, credit = "-", owed = "-", rings = "-";
         if (fab) {
             sent = std::to_string(r.sent);
             received = std::to_string(r.received);
@@ -496,6 +500,7 @@ void printText(const Process &p)
             if (r.refreshed) {
                 credit = std::to_string(r.creditBytes) + "/" + std::to_string(r.creditSlots);
                 owed = std::to_string(r.owedBytes) + "/" + std::to_string(r.owedSlots);
+                rings = std::to_string(r.sendBuf) + "/" + std::to_string(r.recvBuf);
             }
         } else if (r.kernelKnown) {
             sent = r.kernel.haveBytes ? std::to_string(r.kernel.sent) : "-";
@@ -505,10 +510,11 @@ void printText(const Process &p)
         } else {
             sent = received = sendQ = recvQ = "-";
         }
-        std::printf("%-6d %-6s %-11s %-25s %-25s %12s %12s %8s %8s %12s %10s %s\n", r.fd,
+        std::printf("%-6d %-6s %-11s %-25s %-25s %12s %12s %8s %8s %12s %10s %15s %s\n", r.fd,
                     fab ? "fabric" : "kernel", stateOf(r).c_str(), text(r.local).c_str(),
                     text(r.peer).c_str(), sent.c_str(), received.c_str(), sendQ.c_str(),
-                    recvQ.c_str(), credit.c_str(), owed.c_str(), fab ? "-" : fallbackName(r.why));
+                    recvQ.c_str(), credit.c_str(), owed.c_str(), rings.c_str(),
+                    fab ? "-" : fallbackName(r.why));
     }
 }
 
@@ -550,6 +556,8 @@ void printJson(const Process &p)
             num("owed_bytes", r.owedBytes, r.refreshed);
             num("owed_slots", r.owedSlots, r.refreshed);
             num("rtt_us", r.rttUs, r.refreshed);
+            num("send_ring", r.sendBuf, r.refreshed);
+            num("recv_ring", r.recvBuf, r.refreshed);
         } else {
             num("sent", r.kernel.sent, r.kernelKnown && r.kernel.haveBytes);
             num("received", r.kernel.received, r.kernelKnown && r.kernel.haveBytes);

@@ -62,6 +62,11 @@ grep -q "\"pid\": $cpid, \"program\": \"iperf3\", \"provider\": \"tcp\", \"fabri
 grep -q '"refreshed": true' "$work/s2.json" || fail "client: queues and credits were not refreshed"
 grep -Eq '"send_queued": [0-9]+, "recv_queued": [0-9]+, "peer_credit_bytes": [0-9]+, "peer_credit_slots": [1-9][0-9]*' \
 	"$work/s2.json" || fail "client: no queues or credits"
+# The bulk connection's rings grew past their initial 32 KiB (as socket buffers autotune).
+ring=$(biggest "$work/s2.json" send_ring)
+[ -n "$ring" ] && [ "$ring" -gt 32768 ] || fail "client: the data connection's send ring did not grow ($ring)"
+ring=$(biggest "$work/v2.json" recv_ring)
+[ -n "$ring" ] && [ "$ring" -gt 32768 ] || fail "server: the data connection's receive ring did not grow ($ring)"
 # Server: the same two, accepted on its port.
 n=$(grep -Eo "\"path\": \"fabric\", \"direction\": \"accepted\", \"state\": \"established\", \"local\": \"(127.0.0.1|\[::ffff:127.0.0.1\]):$port\"" "$work/v2.json" | wc -l)
 [ "$n" -eq 2 ] || fail "server: $n established fabric connections on port $port, expected 2"
