@@ -80,7 +80,10 @@ std::shared_ptr<HybridSocket> engineSocket(int fd, const void *ra)
     if (internalAddress(ra))
         return nullptr;
     auto s = gSockets.get(fd);
-    if (!s || s->mode() == HybridSocket::Mode::Kernel)
+    if (!s)
+        return nullptr;
+    s->settle();
+    if (s->mode() == HybridSocket::Mode::Kernel)
         return nullptr;
     return s;
 }
@@ -97,7 +100,10 @@ std::shared_ptr<Pollable> resolvePollable(int fd)
         return nullptr;
     }
     auto s = gSockets.get(fd);
-    if (!s || s->mode() == HybridSocket::Mode::Kernel)
+    if (!s)
+        return nullptr;
+    s->settle();
+    if (s->mode() == HybridSocket::Mode::Kernel)
         return nullptr;
     return s;
 }

@@ -591,6 +591,7 @@ int HybridSocket::connectFabric(const sockaddr *addr, socklen_t len, std::shared
 
 int HybridSocket::connect(const sockaddr *addr, socklen_t len)
 {
+    settle();
     Mode m = mode();
     if (m == Mode::Fabric) {
         std::shared_ptr<Socket> s;
@@ -605,6 +606,15 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
     if (m == Mode::Inherited)
         return -EIO;
     if (m == Mode::Kernel) {
+        {
+            // A fabric attempt that fell back to a kernel connect which failed at once.
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (deferredError_) {
+                int e = deferredError_;
+                deferredError_ = 0;
+                return -e;
+            }
+        }
         // Again, after a kernel connect that failed or is in progress.
         if (k_.connect(fd_, addr, len) < 0) {
             const int err = errno;
@@ -652,29 +662,33 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
             why = Fallback::NegativeCache;
         } else {
             std::shared_ptr<Socket> s;
-            int r = connectFabric(reinterpret_cast<sockaddr *>(&dest), len, &s);
+            int r;
+            if (nonblocking()) {
+                // A nonblocking connect returns at once; the attempt settles later (settle()).
+                r = startFabric(reinterpret_cast<sockaddr *>(&dest), len, &s);
+                if (r == -EINPROGRESS) {
+                    std::lock_guard<std::mutex> lock(mutex_);
+                    pending_ = std::make_unique<Pending>();
+                    std::memcpy(&pending_->addr, addr, std::min<socklen_t>(len, sizeof(dest)));
+                    pending_->len = len;
+                    pending_->key = key;
+                    pending_->port = port;
+                    pending_->fport = fport;
+                    sock_ = std::move(s);
+                    mode_.store(Mode::Fabric, std::memory_order_release);
+                    tentative_.store(true, std::memory_order_release);
+                    return -EINPROGRESS;
+                }
+            } else {
+                r = connectFabric(reinterpret_cast<sockaddr *>(&dest), len, &s);
+            }
             if (r == 0) {
                 std::lock_guard<std::mutex> lock(mutex_);
                 s->setNonblocking(nonblocking());
                 if (!nonblocking())
                     s->confirmConnected();
-                sockaddr_storage local{};
-                socklen_t llen = sizeof(local);
-                if (s->localAddress(reinterpret_cast<sockaddr *>(&local), &llen) != 0)
-                    llen = 0;
-                auto record = std::make_unique<ConnRecord>(fd_, true, Fallback::None, false,
-                                                           reinterpret_cast<sockaddr *>(&local),
-                                                           llen, addr, len);
-                record->setConnection(s->connection());
-                bytes_ = &record->bytes();
-                record_ = std::move(record);
                 sock_ = std::move(s);
-                peerLen_ = std::min<socklen_t>(len, sizeof(peer_));
-                std::memcpy(&peer_, addr, peerLen_);
-                mode_.store(Mode::Fabric, std::memory_order_release);
-                countFabricConnection();
-                RS_LOG_FD(Debug, fd_, "fabric connection to %s (fabric port %d)",
-                          describe(addr).c_str(), fport);
+                adoptFabricLocked(addr, len, fport);
                 // A nonblocking connect reports progress the way TCP does; POLLOUT is ready.
                 return nonblocking() ? -EINPROGRESS : 0;
             }
@@ -685,6 +699,31 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
             fabricErr = -r;
         }
     }
+    return connectKernel(addr, len, inet, why, port, key, fabricErr);
+}
+
+void HybridSocket::adoptFabricLocked(const sockaddr *addr, socklen_t len, int fport)
+{
+    sockaddr_storage local{};
+    socklen_t llen = sizeof(local);
+    if (sock_->localAddress(reinterpret_cast<sockaddr *>(&local), &llen) != 0)
+        llen = 0;
+    auto record = std::make_unique<ConnRecord>(
+        fd_, true, Fallback::None, false, reinterpret_cast<sockaddr *>(&local), llen, addr, len);
+    record->setConnection(sock_->connection());
+    bytes_ = &record->bytes();
+    record_ = std::move(record);
+    peerLen_ = std::min<socklen_t>(len, sizeof(peer_));
+    std::memcpy(&peer_, addr, peerLen_);
+    mode_.store(Mode::Fabric, std::memory_order_release);
+    countFabricConnection();
+    RS_LOG_FD(Debug, fd_, "fabric connection to %s (fabric port %d)", describe(addr).c_str(),
+              fport);
+}
+
+int HybridSocket::connectKernel(const sockaddr *addr, socklen_t len, bool inet, Fallback why,
+                                int port, const std::string &key, int fabricErr)
+{
     // Kernel TCP on the application's own fd, with the options it set already applied.
     {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -709,6 +748,61 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
     }
     countFallbackIfEstablished();
     return 0;
+}
+
+int HybridSocket::startFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out)
+{
+    gEngineUsed.store(true, std::memory_order_relaxed);
+    auto s = std::make_shared<Socket>(family_);
+    applyOptions(*s);
+    s->setNonblocking(true);
+    int r = s->connect(addr, len);
+    if (r != 0 && r != -EINPROGRESS)
+        return r;
+    *out = std::move(s);
+    return r;
+}
+
+void HybridSocket::settleSlow()
+{
+    // One thread settles; the others see the outcome.
+    std::lock_guard<std::mutex> settleLock(settleMutex_);
+    if (!tentative_.load(std::memory_order_acquire))
+        return;
+    std::shared_ptr<Socket> s;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        s = sock_;
+    }
+    const int st = s ? s->connectStatus() : -ENOTCONN;
+    if (st == -EINPROGRESS)
+        return; // the engine's connect deadline bounds it
+    std::unique_ptr<Pending> p;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        p = std::move(pending_);
+        if (st == 0) {
+            adoptFabricLocked(reinterpret_cast<sockaddr *>(&p->addr), p->len, p->fport);
+            tentative_.store(false, std::memory_order_release);
+            return;
+        }
+        // The fabric attempt failed: kernel TCP on the same fd, as a blocking connect would
+        // have done at once.
+        sock_.reset();
+    }
+    negativeCache().add(p->key, config_.negativeCacheMs);
+    const Fallback why = st == -ECONNREFUSED ? Fallback::Refused
+                         : st == -ETIMEDOUT  ? Fallback::Timeout
+                                             : Fallback::ProviderError;
+    int r = connectKernel(reinterpret_cast<sockaddr *>(&p->addr), p->len, true, why, p->port,
+                          p->key, -st);
+    if (r < 0 && r != -EINPROGRESS) {
+        // Failed at once (nothing listens on kernel TCP either): reported by SO_ERROR and
+        // connect() as the kernel would have after a nonblocking connect.
+        std::lock_guard<std::mutex> lock(mutex_);
+        deferredError_ = -r;
+    }
+    tentative_.store(false, std::memory_order_release);
 }
 
 void HybridSocket::recordKernelLocked(const sockaddr *peer, socklen_t peerLen)
@@ -802,7 +896,18 @@ int HybridSocket::setsockopt(int level, int name, const void *val, socklen_t len
 
 int HybridSocket::getsockopt(int level, int name, void *val, socklen_t *len)
 {
+    settle();
     auto [s, m] = snapshot();
+    if (m == Mode::Kernel && level == SOL_SOCKET && name == SO_ERROR && val && len &&
+        *len >= sizeof(int)) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (deferredError_) {
+            std::memcpy(val, &deferredError_, sizeof(int));
+            *len = sizeof(int);
+            deferredError_ = 0;
+            return 0;
+        }
+    }
     if (m == Mode::Fabric)
         return s->getsockopt(level, name, val, len);
     if (m == Mode::Inherited)
@@ -936,6 +1041,7 @@ int HybridSocket::kernelPollNow(int events)
 
 int HybridSocket::pollEvents(int events)
 {
+    settle();
     auto [s, m] = snapshot();
     switch (m) {
     case Mode::Fabric:
@@ -955,6 +1061,7 @@ int HybridSocket::pollEvents(int events)
 
 int HybridSocket::prepareWait(std::vector<pollfd> *fds, int events)
 {
+    settle();
     auto [s, m] = snapshot();
     switch (m) {
     case Mode::Fabric:
@@ -972,6 +1079,7 @@ int HybridSocket::prepareWait(std::vector<pollfd> *fds, int events)
 
 void HybridSocket::addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered)
 {
+    settle();
     std::shared_ptr<Socket> s = socket();
     Mode m = mode();
     if (s && (m == Mode::Fabric || m == Mode::Listener))

@@ -88,6 +88,14 @@ public:
     int fd() const { return fd_; }
     int family() const { return family_; }
     Mode mode() const { return mode_.load(std::memory_order_acquire); }
+    // A nonblocking connect tries the fabric in the background: the socket answers as a
+    // connecting fabric socket until the attempt settles, then as a fabric socket or, after a
+    // kernel connect on the same fd, as a kernel one. Every entry point settles first.
+    void settle()
+    {
+        if (tentative_.load(std::memory_order_acquire))
+            settleSlow();
+    }
     // What O_NONBLOCK the application set (the kernel fd of a listener is always nonblocking).
     bool nonblocking() const { return nonblock_.load(std::memory_order_relaxed); }
     void setNonblocking(bool on);
@@ -150,6 +158,23 @@ private:
     std::shared_ptr<Socket> socket();
     int kernelPollNow(int events);
     void countFallbackIfEstablished();
+    int startFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out);
+    void settleSlow();
+    void adoptFabricLocked(const sockaddr *addr, socklen_t len, int fport);
+    int connectKernel(const sockaddr *addr, socklen_t len, bool inet, Fallback why, int port,
+                      const std::string &key, int fabricErr);
+    struct Pending
+    {
+        sockaddr_storage addr{}; // the application's destination
+        socklen_t len = 0;
+        std::string key; // the fabric destination (negative cache)
+        int port = 0;
+        int fport = 0;
+    };
+    std::unique_ptr<Pending> pending_;
+    std::atomic<bool> tentative_{false};
+    std::mutex settleMutex_;
+    int deferredError_ = 0; // errno of a kernel connect that failed at once, for SO_ERROR
     int applyOptions(Socket &s);
     // The record of a kernel connection to peer, once connect() went ahead (established or in
     // progress; countFallbackIfEstablished() marks it established).

@@ -1238,6 +1238,20 @@ uint64_t Socket::generation(int events)
     return g;
 }
 
+int Socket::connectStatus()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    refreshConnectLocked();
+    switch (state_) {
+    case State::Connected:
+        return 0;
+    case State::Connecting:
+        return -EINPROGRESS;
+    default:
+        return failedConnect_ && soError_ ? soError_ : -ENOTCONN;
+    }
+}
+
 void Socket::confirmConnected()
 {
     std::lock_guard<std::mutex> lock(mutex_);

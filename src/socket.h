@@ -97,6 +97,9 @@ public:
     // The caller reported the connect's completion itself (a blocking connect that returned 0):
     // a later connect() gives EISCONN, not the "0 once" of a nonblocking connect.
     void confirmConnected();
+    // How a connect stands, without consuming its error: 0 connected, -EINPROGRESS, or the
+    // -errno it failed with (-ENOTCONN when none was made).
+    int connectStatus();
     // Whether the listener answers connection requests without the application (default on).
     void setBackgroundAccept(bool on);
     std::string debugState();

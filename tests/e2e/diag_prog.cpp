@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <netinet/in.h>
+#include <poll.h>
 #include <string>
 #include <sys/socket.h>
 #include <thread>
@@ -84,6 +85,47 @@ int connectMany(int port, int count, int holdMs)
     return 0;
 }
 
+// A nonblocking connect, as event loops make it: connect() must return at once (EINPROGRESS),
+// poll() reports POLLOUT when the connection is up (over whichever path), SO_ERROR is 0 and data
+// goes through.
+int connectNonblocking(int port)
+{
+    const auto start = std::chrono::steady_clock::now();
+    auto since = [&] {
+        return static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          std::chrono::steady_clock::now() - start)
+                                          .count());
+    };
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    sockaddr_in a = loopback(port);
+    const long long before = since();
+    if (fd < 0 ||
+        (connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) != 0 && errno != EINPROGRESS)) {
+        std::perror("connect");
+        return 1;
+    }
+    std::printf("call_ms %lld\n", since() - before);
+    pollfd p{fd, POLLOUT, 0};
+    if (poll(&p, 1, 10000) != 1 || !(p.revents & POLLOUT)) {
+        std::fprintf(stderr, "poll: revents %#x\n", p.revents);
+        return 1;
+    }
+    int err = -1;
+    socklen_t len = sizeof(err);
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+        std::fprintf(stderr, "SO_ERROR %d\n", err);
+        return 1;
+    }
+    if (write(fd, "hello", 5) != 5) {
+        std::perror("write");
+        return 1;
+    }
+    std::printf("elapsed_ms %lld\n", since());
+    std::fflush(stdout);
+    close(fd);
+    return 0;
+}
+
 int serve(int port, int count)
 {
     int l = listenOn(port);
@@ -116,6 +158,8 @@ int main(int argc, char **argv)
     if (mode == "connect" && argc > 3)
         return connectMany(std::atoi(argv[2]), std::atoi(argv[3]),
                            argc > 4 ? std::atoi(argv[4]) : 0);
+    if (mode == "connect-nb" && argc > 2)
+        return connectNonblocking(std::atoi(argv[2]));
     if (mode == "serve" && argc > 3)
         return serve(std::atoi(argv[2]), std::atoi(argv[3]));
     if (mode == "noop")

@@ -111,6 +111,17 @@ expect_stat timeout fallback_connections 2
 expect_log timeout "info: fd=[0-9]+ kernel TCP to 127.0.0.1:$port: timeout \(no answer from 127.0.0.1:$((port + E2E_OFFSET)) within 300 ms\)"
 ms=$(sed -n 's/^elapsed_ms //p' "$work/timeout.log")
 { [ "$ms" -ge 300 ] && [ "$ms" -lt 2000 ]; } || fail "timeout: the connects took $ms ms (expected 300 once)"
+# A nonblocking connect to the same port does not wait for the fabric attempt: connect() returns
+# without it (the first call still pays for loading the provider, ~0.2 s) and the connection
+# comes up (over kernel TCP) once the attempt timed out.
+RSTREAM_CONNECT_TIMEOUT_MS=1500 shim timeout_nb 20 "$diag" connect-nb "$port" >"$work/timeout_nb.log" 2>&1 ||
+	fail "timeout: the nonblocking client failed: $(tail -n3 "$work/timeout_nb.log")"
+call=$(sed -n 's/^call_ms //p' "$work/timeout_nb.log")
+ms=$(sed -n 's/^elapsed_ms //p' "$work/timeout_nb.log")
+[ "$call" -lt 1000 ] || fail "timeout: the nonblocking connect() call took $call ms (the attempt is 1500)"
+{ [ "$ms" -ge 1500 ] && [ "$ms" -lt 4000 ]; } || fail "timeout: the nonblocking connect took $ms ms"
+expect_stat timeout_nb timeout 1
+expect_stat timeout_nb fallback_connections 1
 stop_pid "$server_pid" || true
 log "timeout counted and logged ($ms ms)"
 
