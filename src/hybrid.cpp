@@ -781,6 +781,10 @@ void HybridSocket::settleSlow()
     {
         std::lock_guard<std::mutex> lock(mutex_);
         p = std::move(pending_);
+        if (!p) {
+            tentative_.store(false, std::memory_order_release);
+            return;
+        }
         if (st == 0) {
             adoptFabricLocked(reinterpret_cast<sockaddr *>(&p->addr), p->len, p->fport);
             tentative_.store(false, std::memory_order_release);
@@ -1010,6 +1014,9 @@ void HybridSocket::markInherited()
     new (&mutex_) std::mutex();
     std::lock_guard<std::mutex> lock(mutex_);
     noFabric_ = true;
+    // A fabric attempt in progress stays the parent's: the child's copy is inherited.
+    tentative_.store(false, std::memory_order_relaxed);
+    pending_.reset();
     if (sock_)
         inheritedSockets().push_back(std::move(sock_));
     Mode m = mode_.load();
