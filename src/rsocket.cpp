@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "boundary.h"
+#include "crash.h"
 #include "fdtable.h"
 #include "log.h"
 #include "poller.h"
@@ -28,6 +29,13 @@ static_assert(SOL_RDMA == kSolRdma && RDMA_SQSIZE == kRdmaSqSize && RDMA_RQSIZE 
               RSTREAM_RX_SIZE == kRxSize);
 
 namespace {
+
+// libfabric's dependencies may have taken SIGINT and SIGTERM for themselves by now (see
+// resetFabricSignalHandlers): a program using rsockets keeps the signals' usual behaviour.
+__attribute__((constructor)) void rsocketInit()
+{
+    resetFabricSignalHandlers();
+}
 
 FdTable<Socket> &sockets()
 {
