@@ -88,6 +88,9 @@ void copyRing(uint8_t *ring, uint64_t ringSize, uint64_t off, const iovec *iov, 
 }
 
 constexpr uint32_t kTxReserve = 2; // queue entries kept for control sends
+// A receive slot that can take an IOMAP message: in iWarp mode the word and then the record.
+constexpr size_t kRecordMsgBytes = sizeof(uint32_t) + wire::kIoMapRecordSize;
+constexpr size_t kRecordSlotBytes = (kRecordMsgBytes + 7) & ~size_t(7);
 
 // Each thread that sleeps in waitFor() has an eventfd of its own. A thread that changes what a
 // sleeper waits for writes to the sleeper's eventfd: reading a CQ resets its wait fd, so the
@@ -142,6 +145,9 @@ Connection::~Connection()
             fi_shutdown(ep_, 0);
         fi_close(&ep_->fid);
     }
+    for (LocalWindow &w : windows_)
+        if (w.mr)
+            fi_close(&w.mr->fid);
     if (remoteMr_)
         fi_close(&remoteMr_->fid);
     if (localMr_)
@@ -188,12 +194,15 @@ int Connection::setup(const fi_info *info)
                {settings_.rxSize, static_cast<uint32_t>(info->rx_attr->size), wire::kMaxSlots}));
     tx_.size = settings_.sendBuf;
     rx_.size = settings_.recvBuf;
+    settings_.ioMapSize = std::min(settings_.ioMapSize, wire::kMaxIoMaps);
+    // Receive slots only need room for an IOMAP record when the peer may send one.
+    slotStride_ = settings_.ioMapSize > 0 ? kRecordSlotBytes : sizeof(uint32_t);
     // Rings grow in place, in areas reserved up front; a provider that pins what is registered
     // (FI_MR_ALLOCATED, verbs) would pin the whole reservation, so there they keep their size.
     const bool canReserve = !caps.mrAllocated;
     growSend_ = canReserve && settings_.sendBufMax > tx_.size;
     growRecv_ = canReserve && settings_.recvBufMax > rx_.size;
-    size_t sendOff = 0, recvOff = 0, slotOff = 0, ctrlOff = 0;
+    size_t sendOff = 0, recvOff = 0, slotOff = 0, recordOff = 0, ctrlOff = 0;
     void *mem = MAP_FAILED;
     for (;;) {
         sendReserve_ = growSend_ ? std::max(settings_.sendBufMax, tx_.size) : tx_.size;
@@ -201,7 +210,8 @@ int Connection::setup(const fi_info *info)
         recvReserve_ = growRecv_ ? rx_.size + 2 * settings_.recvBufMax : rx_.size;
         recvOff = alignUp(sendOff + sendReserve_, 4096);
         slotOff = alignUp(recvOff + recvReserve_, 4096);
-        ctrlOff = alignUp(slotOff + rxCount_ * sizeof(uint32_t), 64);
+        recordOff = alignUp(slotOff + rxCount_ * slotStride_, 64);
+        ctrlOff = alignUp(recordOff + kRecordBufs * kRecordSlotBytes, 64);
         memSize_ = alignUp(ctrlOff + txCap_ * sizeof(uint32_t), 4096);
         mem = mmap(nullptr, memSize_, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -218,7 +228,8 @@ int Connection::setup(const fi_info *info)
     mem_ = static_cast<uint8_t *>(mem);
     sendBase_ = mem_ + sendOff;
     recvArea_ = recvBase_ = mem_ + recvOff;
-    slotWords_ = reinterpret_cast<uint32_t *>(mem_ + slotOff);
+    slotBufs_ = mem_ + slotOff;
+    recordBufs_ = mem_ + recordOff;
     ctrlWords_ = reinterpret_cast<uint32_t *>(mem_ + ctrlOff);
     txOps_ = new (std::nothrow) TxOp[txCap_]();
     rxSlots_ = new (std::nothrow) RxSlot[rxCount_]();
@@ -277,39 +288,47 @@ int Connection::setup(const fi_info *info)
     return 0;
 }
 
+int Connection::registerRegion(void *buf, size_t len, uint64_t access, fid_mr **mr)
+{
+    const ProviderCaps &caps = domain_->caps();
+    int ret = -FI_ENOKEY;
+    for (int attempt = 0; attempt < 16 && ret == -FI_ENOKEY; attempt++) {
+        uint64_t key = 0;
+        if (!caps.provKey) {
+            // Keys must not be guessable: a peer may only ever write where it was told to.
+            key = randomKey();
+            if (caps.keySize < 8)
+                key &= (uint64_t(1) << (8 * caps.keySize)) - 1;
+        }
+        ret = fi_mr_reg(domain_->domain(), buf, len, access, 0, key, 0, mr, this);
+    }
+    if (ret) {
+        *mr = nullptr;
+        return fiErr(ret);
+    }
+    if (caps.mrEndpoint) {
+        ret = fi_mr_bind(*mr, &ep_->fid, 0);
+        if (!ret)
+            ret = fi_mr_enable(*mr);
+        if (ret) {
+            fi_close(&(*mr)->fid);
+            *mr = nullptr;
+            return fiErr(ret);
+        }
+    }
+    return 0;
+}
+
 int Connection::registerMemory()
 {
     const ProviderCaps &caps = domain_->caps();
-    auto reg = [&](void *buf, size_t len, uint64_t access, fid_mr **mr) {
-        int ret = -FI_ENOKEY;
-        for (int attempt = 0; attempt < 16 && ret == -FI_ENOKEY; attempt++) {
-            uint64_t key = 0;
-            if (!caps.provKey) {
-                // Keys must not be guessable: a peer may only ever write where it was told to.
-                key = randomKey();
-                if (caps.keySize < 8)
-                    key &= (uint64_t(1) << (8 * caps.keySize)) - 1;
-            }
-            ret = fi_mr_reg(domain_->domain(), buf, len, access, 0, key, 0, mr, this);
-        }
-        if (ret)
-            return fiErr(ret);
-        if (caps.mrEndpoint) {
-            ret = fi_mr_bind(*mr, &ep_->fid, 0);
-            if (!ret)
-                ret = fi_mr_enable(*mr);
-            if (ret)
-                return fiErr(ret);
-        }
-        return 0;
-    };
-    // Only the receive ring is remotely writable.
-    // The whole receive area: the rings it will hold are written under the same key.
-    int ret = reg(recvArea_, recvReserve_, FI_REMOTE_WRITE, &remoteMr_);
+    // Only the receive area is remotely writable (and the application's riomap windows): the
+    // whole area, as the rings it will hold are written under the same key.
+    int ret = registerRegion(recvArea_, recvReserve_, FI_REMOTE_WRITE, &remoteMr_);
     if (ret < 0)
         return ret;
     if (caps.mrLocal) {
-        ret = reg(mem_, memSize_, FI_SEND | FI_RECV | FI_WRITE | FI_READ, &localMr_);
+        ret = registerRegion(mem_, memSize_, FI_SEND | FI_RECV | FI_WRITE | FI_READ, &localMr_);
         if (ret < 0)
             return ret;
         localDesc_ = fi_mr_desc(localMr_);
@@ -321,8 +340,8 @@ int Connection::postReceive(uint32_t index)
 {
     // Receives are posted once per slot and reposted as each is consumed, so the queue has
     // room by construction.
-    int ret =
-        fi_recv(ep_, &slotWords_[index], sizeof(uint32_t), localDesc_, 0, &rxSlots_[index].ctx);
+    int ret = fi_recv(ep_, slotBufs_ + index * slotStride_, slotStride_, localDesc_, 0,
+                      &rxSlots_[index].ctx);
     return ret ? fiErr(ret) : 0;
 }
 
@@ -339,6 +358,7 @@ wire::Hello Connection::localHello() const
     h.ringSize = static_cast<uint32_t>(rx_.size);
     h.rxSlots = rxCount_;
     h.flags |= wire::kFlagGrow; // this end follows a peer's GROW
+    h.ioMapSize = settings_.ioMapSize;
     return h;
 }
 
@@ -354,6 +374,8 @@ int Connection::applyPeerHello(const wire::Hello &peer)
     if (!(peer.flags & wire::kFlagGrow))
         growRecv_ = false;
     local_.init(rx_.size, rxCount_);
+    windowIdUsed_.assign(peer.ioMapSize, false);
+    peerWindows_.assign(settings_.ioMapSize, PeerWindow{});
     return 0;
 }
 
@@ -612,27 +634,43 @@ void Connection::processCqLocked()
             const fi_cq_data_entry &e = entries[i];
             auto *slot = static_cast<RxSlot *>(e.op_context);
             bool isSlot = slot >= rxSlots_ && slot < rxSlots_ + rxCount_;
+            // An IOMAP record is copied out before its slot is reposted.
+            uint8_t record[wire::kIoMapRecordSize];
+            const uint8_t *slotBuf =
+                isSlot ? slotBufs_ + size_t(slot - rxSlots_) * slotStride_ : nullptr;
             if (e.flags & FI_REMOTE_CQ_DATA) {
                 // Write with immediate (on FI_RX_CQ_DATA providers it consumed a receive) or a
-                // zero-length send with immediate.
+                // send with immediate: zero-length, or an IOMAP record.
+                // Only an IOMAP word looks for one: the length other words report is the
+                // provider's business (a write's length, on some).
+                const bool ioMap = (e.data >> wire::kOpShift) == uint32_t(wire::Op::IoMap);
+                bool hasRecord = ioMap && isSlot && (e.flags & FI_RECV) && !(e.flags & FI_RMA) &&
+                                 e.len == wire::kIoMapRecordSize &&
+                                 slotStride_ >= wire::kIoMapRecordSize;
+                if (hasRecord)
+                    std::memcpy(record, slotBuf, sizeof(record));
                 if (isSlot && postReceive(static_cast<uint32_t>(slot - rxSlots_)) < 0)
                     failLocked(-ECONNRESET, "cannot repost receive");
                 if (e.data >> 32) {
                     failLocked(-ECONNRESET, "malformed immediate");
                     continue;
                 }
-                handleWordLocked(static_cast<uint32_t>(e.data));
+                handleWordLocked(static_cast<uint32_t>(e.data), hasRecord ? record : nullptr);
             } else if ((e.flags & FI_RECV) && isSlot) {
                 uint32_t index = static_cast<uint32_t>(slot - rxSlots_);
-                uint32_t word = slotWords_[index];
+                uint32_t word;
+                std::memcpy(&word, slotBuf, sizeof(word));
                 size_t len = e.len;
+                bool hasRecord = len == kRecordMsgBytes && slotStride_ >= kRecordMsgBytes;
+                if (hasRecord)
+                    std::memcpy(record, slotBuf + sizeof(word), sizeof(record));
                 if (postReceive(index) < 0)
                     failLocked(-ECONNRESET, "cannot repost receive");
-                if (!iwarp_ || len != sizeof(uint32_t)) {
+                if (!iwarp_ || (len != sizeof(uint32_t) && !hasRecord)) {
                     failLocked(-ECONNRESET, "unexpected message");
                     continue;
                 }
-                handleWordLocked(word);
+                handleWordLocked(word, hasRecord ? record : nullptr);
             } else {
                 auto *op = static_cast<TxOp *>(e.op_context);
                 if (op >= txOps_ && op < txOps_ + txCap_) {
@@ -647,13 +685,17 @@ void Connection::processCqLocked()
     }
 }
 
-void Connection::handleWordLocked(uint32_t word)
+void Connection::handleWordLocked(uint32_t word, const uint8_t *record)
 {
     if (error_)
         return;
     auto m = wire::decode(word);
     if (!m) {
         failLocked(-ECONNRESET, "malformed message from peer");
+        return;
+    }
+    if ((m->op == wire::Op::IoMap) != (record != nullptr)) {
+        failLocked(-ECONNRESET, "message payload does not match its word");
         return;
     }
     changed_ = true;
@@ -729,7 +771,46 @@ void Connection::handleWordLocked(uint32_t word)
             break;
         }
         break;
+    case wire::Op::IoMap:
+        handleIoMapLocked(m->window, record);
+        break;
     }
+}
+
+void Connection::handleIoMapLocked(uint32_t id, const uint8_t *record)
+{
+    // The peer is not trusted: ids, ranges and the table's state are checked, and a peer that
+    // breaks the rules is reset. Keys and addresses are the peer's own business (its provider
+    // checks them); only their shape is.
+    wire::IoMapRecord rec;
+    if (id >= peerWindows_.size() ||
+        wire::decodeIoMapRecord(record, wire::kIoMapRecordSize, &rec) < 0) {
+        failLocked(-ECONNRESET, "malformed window record");
+        return;
+    }
+    PeerWindow &w = peerWindows_[id];
+    if (rec.length == 0) {
+        if (w.length == 0)
+            failLocked(-ECONNRESET, "peer withdrew a window it never announced");
+        w = PeerWindow{};
+        return;
+    }
+    if (w.length != 0) {
+        failLocked(-ECONNRESET, "peer announced a window id twice");
+        return;
+    }
+    if (!domain_->caps().virtAddr && rec.addr != 0) {
+        failLocked(-ECONNRESET, "window address without FI_MR_VIRT_ADDR");
+        return;
+    }
+    // Overlapping windows would make an offset ambiguous.
+    for (const PeerWindow &o : peerWindows_) {
+        if (o.length && rec.offset < o.offset + o.length && o.offset < rec.offset + rec.length) {
+            failLocked(-ECONNRESET, "peer announced overlapping windows");
+            return;
+        }
+    }
+    w = rec;
 }
 
 void Connection::onTxCompleteLocked(TxOp *op)
@@ -748,6 +829,10 @@ void Connection::onTxCompleteLocked(TxOp *op)
         tx_.done += head.len;
         if (head.len)
             writesInFlight_--;
+        if (head.record) {
+            recordsDone_++; // ops leave in order, and so do the record buffers
+            head.record = false;
+        }
         head.done = false;
         head.len = 0;
         txHead_++;
@@ -790,6 +875,46 @@ void Connection::sendCreditsLocked()
         local_.untake(word);
 }
 
+bool Connection::flushRecordsLocked()
+{
+    // Window records go before any stream data queued after them: data the application sends
+    // after riomap() must find the window known at the peer. They take a message slot each,
+    // like data, so the slots kept for credits stay free.
+    while (!recordQueue_.empty()) {
+        if (peer_.slots() <= kReservedSlots || txNext_ - txHead_ + 1 + kTxReserve > txCap_ ||
+            recordsPosted_ - recordsDone_ >= kRecordBufs)
+            return false;
+        const PendingRecord &p = recordQueue_.front();
+        const uint32_t word = *wire::encodeIoMap(p.id);
+        uint8_t *buf = recordBufs_ + (recordsPosted_ % kRecordBufs) * kRecordSlotBytes;
+        TxOp &op = txOps_[txNext_ % txCap_];
+        op.len = 0;
+        op.seq = txNext_;
+        op.done = false;
+        ssize_t ret;
+        if (iwarp_) {
+            std::memcpy(buf, &word, sizeof(word));
+            wire::encodeIoMapRecord(p.rec, buf + sizeof(word));
+            ret = fi_send(ep_, buf, kRecordMsgBytes, localDesc_, 0, &op.ctx);
+        } else {
+            wire::encodeIoMapRecord(p.rec, buf);
+            ret = fi_senddata(ep_, buf, wire::kIoMapRecordSize, localDesc_, word, 0, &op.ctx);
+        }
+        if (ret == -FI_EAGAIN)
+            return false;
+        if (ret) {
+            failLocked(-ECONNRESET, "send failed");
+            return false;
+        }
+        op.record = true;
+        txNext_++;
+        recordsPosted_++;
+        peer_.onCtrlSent();
+        recordQueue_.pop_front();
+    }
+    return true;
+}
+
 void Connection::flushLocked(bool force)
 {
     if (state_ != State::Connected || error_ || closed_)
@@ -803,6 +928,8 @@ void Connection::flushLocked(bool force)
         peer_.switchRing(switchTo_);
         switchTo_ = 0;
     }
+    if (!flushRecordsLocked())
+        return;
     const uint32_t opsPerChunk = iwarp_ ? 2 : 1;
     const uint64_t maxChunk =
         std::clamp<uint64_t>(std::min(peer_.ringSize(), tx_.size) / 4, 4096, 256 * 1024);
@@ -1022,7 +1149,8 @@ bool Connection::needsBackgroundLocked() const
     if (error_ || closed_ || state_ != State::Connected)
         return closing_ && !closed_;
     return tx_.unsent() > 0 || tx_.inFlight() > 0 || txNext_ != txHead_ || local_.due() ||
-           injectPending_ || (shutWr_ && !shutWrSent_) || closing_ || kaAckOwed_;
+           injectPending_ || (shutWr_ && !shutWrSent_) || closing_ || kaAckOwed_ ||
+           !recordQueue_.empty();
 }
 
 void Connection::watch()
@@ -1265,6 +1393,8 @@ int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
             ready |= kWritable;
         if ((events & kSendDrained) && (tx_.tail == tx_.done || peekSendLocked() < 0))
             ready |= kSendDrained;
+        if ((events & kWindowWritable) && (peekSendLocked() < 0 || canWriteWindowLocked()))
+            ready |= kWindowWritable;
         if (ready)
             return ready;
         if (!ep_)
@@ -1503,6 +1633,8 @@ void Connection::close(std::unique_ptr<Connection> conn)
         return;
     {
         std::lock_guard<std::mutex> lock(conn->mutex_);
+        // The application may free its windows once it has closed the socket.
+        conn->releaseWindowsLocked();
         conn->progressLocked();
         if ((conn->state_ != State::Connected && conn->state_ != State::Accepting) ||
             conn->error_ || conn->closed_)
@@ -1533,6 +1665,7 @@ void Connection::abort(std::unique_ptr<Connection> conn)
     if (!conn)
         return;
     std::lock_guard<std::mutex> lock(conn->mutex_);
+    conn->releaseWindowsLocked();
     if (conn->state_ == State::Connected && !conn->error_ && !conn->closed_) {
         conn->sendWordLocked(wire::encodeCtrl(wire::Ctrl::Reset));
         conn->processCqLocked();
@@ -1606,6 +1739,206 @@ int Connection::startAccept(fi_info *connreq, const wire::Hello &peer)
     connectDeadlineNs_ = connectStartNs_ + int64_t(settings_.connectTimeoutMs) * 1000000;
     watch();
     return 0;
+}
+
+// riomap windows: ours are registered regions announced to the peer with IOMAP records in the
+// stream; the peer's are the records it sent us. riowrite() data goes through the send ring
+// (so the caller's buffer is free again at once and needs no registration), as a plain RMA
+// write posted behind the stream data before it.
+
+bool Connection::overlapsLocalWindowLocked(uint64_t offset, uint64_t len) const
+{
+    for (const LocalWindow &w : windows_)
+        if (w.mr && offset < w.offset + w.len && w.offset < offset + len)
+            return true;
+    return false;
+}
+
+const Connection::PeerWindow *Connection::findPeerWindowLocked(uint64_t offset, uint64_t len) const
+{
+    for (const PeerWindow &w : peerWindows_)
+        if (w.length && offset >= w.offset && offset - w.offset < w.length &&
+            len <= w.length - (offset - w.offset))
+            return &w;
+    return nullptr;
+}
+
+bool Connection::canWriteWindowLocked() const
+{
+    // Ordered behind everything queued before: stream data and window records all posted.
+    return state_ == State::Connected && !error_ && !closed_ && tx_.unsent() == 0 &&
+           recordQueue_.empty() && tx_.appendSpan() > 0 &&
+           txNext_ - txHead_ + 1 + kTxReserve <= txCap_;
+}
+
+void Connection::releaseWindowsLocked()
+{
+    for (LocalWindow &w : windows_)
+        if (w.mr)
+            fi_close(&w.mr->fid);
+    windows_.clear();
+    recordQueue_.clear();
+    std::fill(windowIdUsed_.begin(), windowIdUsed_.end(), false);
+}
+
+int Connection::mapWindow(void *buf, size_t len, bool remote, off_t offset, off_t *chosen)
+{
+    constexpr uint64_t kMaxOff = uint64_t(INT64_MAX);
+    if (!buf || len == 0 || len > kMaxOff || offset < -1 ||
+        (offset >= 0 && len > kMaxOff - uint64_t(offset)))
+        return -EINVAL;
+    std::lock_guard<std::mutex> lock(mutex_);
+    progressLocked();
+    if (error_)
+        return error_;
+    // An accepted connection still finishing its handshake knows the peer's hello already.
+    if (state_ != State::Connected && state_ != State::Accepting)
+        return -ENOTCONN;
+    uint64_t off = reinterpret_cast<uintptr_t>(buf);
+    if (offset >= 0) {
+        off = uint64_t(offset);
+        if (remote && overlapsLocalWindowLocked(off, len))
+            return -EINVAL;
+    } else if (remote && (off > kMaxOff - len || overlapsLocalWindowLocked(off, len))) {
+        // The buffer's address is taken (or out of off_t's range): above every window.
+        off = 0;
+        for (const LocalWindow &w : windows_)
+            if (w.mr)
+                off = std::max<uint64_t>(off, alignUp(w.offset + w.len, 4096));
+        if (off > kMaxOff - len)
+            return -ENOMEM;
+    } else if (!remote) {
+        off &= kMaxOff;
+    }
+    windows_.reserve(windows_.size() + 1);
+    fid_mr *mr = nullptr;
+    uint32_t id = 0;
+    if (remote) {
+        auto it = std::find(windowIdUsed_.begin(), windowIdUsed_.end(), false);
+        if (it == windowIdUsed_.end())
+            return -ENOMEM; // the peer's table is full (its RDMA_IOMAPSIZE)
+        id = static_cast<uint32_t>(it - windowIdUsed_.begin());
+        int ret = registerRegion(buf, len, FI_REMOTE_WRITE, &mr);
+        if (ret < 0)
+            return ret;
+        wire::IoMapRecord rec;
+        rec.offset = off;
+        rec.length = len;
+        rec.addr = domain_->caps().virtAddr ? reinterpret_cast<uintptr_t>(buf) : 0;
+        rec.key = fi_mr_key(mr);
+        recordQueue_.push_back({id, rec});
+        windowIdUsed_[id] = true;
+    }
+    windows_.push_back({buf, len, off, mr, id});
+    flushLocked(false);
+    watch();
+    *chosen = static_cast<off_t>(off);
+    return 0;
+}
+
+int Connection::unmapWindow(void *buf, size_t len)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = std::find_if(windows_.begin(), windows_.end(),
+                           [&](const LocalWindow &w) { return w.buf == buf && w.len == len; });
+    if (it == windows_.end())
+        return -EINVAL;
+    if (it->mr) {
+        // Closed at once: the memory is the application's again. A peer write racing with
+        // this fails at the provider, which may reset the connection, as with rsockets.
+        fi_close(&it->mr->fid);
+        const uint32_t id = it->id;
+        windowIdUsed_[id] = false;
+        // An announcement still queued is dropped unsent; otherwise the peer is told. The
+        // latest queued record of an id in use is its announcement, if any is queued.
+        auto last = std::find_if(recordQueue_.rbegin(), recordQueue_.rend(),
+                                 [&](const PendingRecord &p) { return p.id == id; });
+        if (last != recordQueue_.rend() && last->rec.length != 0)
+            recordQueue_.erase(std::next(last).base());
+        else if (!error_ && (state_ == State::Connected || state_ == State::Accepting))
+            recordQueue_.push_back({id, wire::IoMapRecord{}});
+    }
+    windows_.erase(it);
+    flushLocked(false);
+    watch();
+    return 0;
+}
+
+ssize_t Connection::writeWindow(const void *buf, size_t len, off_t offset, int flags, int timeoutMs)
+{
+    if (offset < 0 || (len > 0 && !buf))
+        return -EINVAL;
+    const int64_t deadline = deadlineFor(timeoutMs);
+    const auto *src = static_cast<const uint8_t *>(buf);
+    std::lock_guard<std::mutex> sendLock(sendMutex_);
+    const uint64_t maxChunk = std::clamp<uint64_t>(tx_.size / 4, 4096, 256 * 1024);
+    size_t done = 0;
+    for (;;) {
+        const uint64_t at = uint64_t(offset) + done;
+        uint64_t pos = 0, n = 0;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            progressLocked();
+            // Stream data held back to coalesce goes now: the write must follow it.
+            if (tx_.unsent() > 0 || !recordQueue_.empty())
+                flushLocked(true);
+            ssize_t space = peekSendLocked();
+            if (space < 0)
+                return done ? static_cast<ssize_t>(done) : space;
+            if (len == 0)
+                return 0;
+            if (!findPeerWindowLocked(at, len - done))
+                return done ? static_cast<ssize_t>(done) : -EINVAL;
+            if (canWriteWindowLocked()) {
+                n = std::min<uint64_t>({len - done, tx_.appendSpan(), maxChunk});
+                pos = tx_.tail;
+            }
+        }
+        if (n == 0) {
+            if (flags & kNonBlock)
+                return done ? static_cast<ssize_t>(done) : -EAGAIN;
+            int r = waitFor(kWindowWritable, deadline, true);
+            if (r < 0)
+                return done ? static_cast<ssize_t>(done) : r;
+            if (r == 0)
+                return done ? static_cast<ssize_t>(done) : -EAGAIN;
+            continue;
+        }
+        // Only this thread appends (sendMutex_), so the span stays ours while unlocked.
+        std::memcpy(sendBase_ + tx_.offset(pos), src + done, n);
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            // The peer may have withdrawn the window, or the connection failed, meanwhile: look
+            // again from the top.
+            const PeerWindow *w = findPeerWindowLocked(at, n);
+            if (!w || !canWriteWindowLocked() || tx_.tail != pos)
+                continue;
+            TxOp &op = txOps_[txNext_ % txCap_];
+            op.len = n;
+            op.seq = txNext_;
+            op.done = false;
+            ssize_t ret = fi_write(ep_, sendBase_ + tx_.offset(pos), n, localDesc_, 0,
+                                   w->addr + (at - w->offset), w->key, &op.ctx);
+            if (ret == -FI_EAGAIN) {
+                progressLocked();
+                continue;
+            }
+            if (ret) {
+                failLocked(-ECONNRESET, "window write failed");
+                return done ? static_cast<ssize_t>(done) : -ECONNRESET;
+            }
+            // Its ring space is released in order with the data around it.
+            txNext_++;
+            tx_.tail += n;
+            tx_.posted += n;
+            writesInFlight_++;
+            bytesSent_.fetch_add(n, std::memory_order_relaxed);
+            watch();
+        }
+        done += n;
+        if (done == len)
+            return static_cast<ssize_t>(done);
+    }
 }
 
 } // namespace rstream

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <netinet/in.h>
@@ -70,6 +71,23 @@ public:
     // Bytes received, 0 at EOF, or -errno.
     ssize_t recv(void *buf, size_t len, int flags = 0, int timeoutMs = -1);
     ssize_t recvv(const iovec *iov, int iovcnt, int flags = 0, int timeoutMs = -1);
+
+    // riomap(3): makes [buf, buf + len) a window the peer can riowrite() into, at the riowrite
+    // offset `offset`, or, with offset -1, at one chosen here (the buffer's address when free).
+    // *chosen gets the offset. remote false (PROT_NONE) only records the mapping. The peer
+    // learns of the window before any stream data sent after this call. -EINVAL for bad
+    // arguments or an offset range overlapping another window, -ENOMEM when the peer's table
+    // (its ioMapSize) is full, -ENOTCONN before the connection is established.
+    int mapWindow(void *buf, size_t len, bool remote, off_t offset, off_t *chosen);
+    // riounmap(3): the mapping of exactly buf and len goes at once (the memory is the
+    // application's again when this returns); the peer is told in the stream. -EINVAL when
+    // there is no such mapping.
+    int unmapWindow(void *buf, size_t len);
+    // riowrite(3): writes len bytes into the peer's window covering [offset, offset + len),
+    // after all stream data sent before. Bytes written (all of them unless kNonBlock or a
+    // timeout cut it short), or -EINVAL (no such window), or send()'s errors.
+    ssize_t writeWindow(const void *buf, size_t len, off_t offset, int flags = 0,
+                        int timeoutMs = -1);
 
     // Readiness, making progress as it asks. peekRecv: bytes readable now, 0 at EOF, -EAGAIN
     // when nothing yet, -errno on error. peekSend: bytes that can be queued now (0 = full), or
@@ -206,6 +224,23 @@ private:
         uint64_t len; // ring bytes released on completion
         uint64_t seq; // position in the queue (txNext_ when posted)
         bool done;
+        bool record; // an IOMAP send: frees a record buffer when released
+    };
+    // A window of ours the peer may write (remote), or a PROT_NONE mapping (mr null).
+    struct LocalWindow
+    {
+        void *buf;
+        size_t len;
+        uint64_t offset;
+        fid_mr *mr;
+        uint32_t id;
+    };
+    // A window of the peer's, as its validated IOMAP record announced it (length 0: free).
+    using PeerWindow = wire::IoMapRecord;
+    struct PendingRecord
+    {
+        uint32_t id;
+        wire::IoMapRecord rec;
     };
     struct RxSlot
     {
@@ -215,6 +250,7 @@ private:
     int setup(const fi_info *info);
     int openEndpoint(fi_info *info);
     int registerMemory();
+    int registerRegion(void *buf, size_t len, uint64_t access, fid_mr **mr);
     int postReceive(uint32_t index);
     int startAccept(fi_info *connreq, const wire::Hello &peer);
     int applyPeerHello(const wire::Hello &peer);
@@ -224,7 +260,14 @@ private:
     void progressLocked(bool app = true);
     void processEqLocked();
     void processCqLocked();
-    void handleWordLocked(uint32_t word);
+    // record: the IOMAP record that came with the word, null if none.
+    void handleWordLocked(uint32_t word, const uint8_t *record = nullptr);
+    void handleIoMapLocked(uint32_t id, const uint8_t *record);
+    bool flushRecordsLocked();
+    bool canWriteWindowLocked() const;
+    const PeerWindow *findPeerWindowLocked(uint64_t offset, uint64_t len) const;
+    bool overlapsLocalWindowLocked(uint64_t offset, uint64_t len) const;
+    void releaseWindowsLocked();
     void onTxCompleteLocked(TxOp *op);
     void flushLocked(bool force);
     // Ring growth. Receiver: asks the peer to move to a bigger ring when it ran out of credit
@@ -276,8 +319,10 @@ private:
     uint8_t *recvArea_ = nullptr; // the registered receive area; rings follow each other in it
     size_t sendReserve_ = 0;
     size_t recvReserve_ = 0;
-    uint8_t *recvBase_ = nullptr;   // the current receive ring
-    uint32_t *slotWords_ = nullptr; // one per posted receive (iWarp payloads)
+    uint8_t *recvBase_ = nullptr; // the current receive ring
+    uint8_t *slotBufs_ = nullptr; // one per posted receive: iWarp words and IOMAP records
+    size_t slotStride_ = 0;
+    uint8_t *recordBufs_ = nullptr; // kRecordBufs sources of IOMAP sends
     uint32_t *ctrlWords_ = nullptr; // sources for control sends that cannot be injected
 
     std::mutex mutex_;     // state, rings, credits, the CQ and EQ
@@ -340,6 +385,16 @@ private:
     LocalCredits local_;
     uint64_t peerRingAddr_ = 0;
     uint64_t peerKey_ = 0;
+
+    // riomap windows. Ours: ids below the peer's ioMapSize; records go out in stream order.
+    static constexpr uint32_t kRecordBufs = 8;
+    static constexpr int kWindowWritable = 1 << 8; // waitFor(): writeWindow() can go on
+    std::vector<LocalWindow> windows_;
+    std::vector<bool> windowIdUsed_;
+    std::deque<PendingRecord> recordQueue_; // not sent yet; at most two per id
+    uint64_t recordsPosted_ = 0;
+    uint64_t recordsDone_ = 0;
+    std::vector<PeerWindow> peerWindows_; // the peer's, indexed by id (our ioMapSize)
 
     TxOp *txOps_ = nullptr; // txCap_ entries, used in order
     uint32_t txCap_ = 0;

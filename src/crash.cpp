@@ -549,23 +549,33 @@ __attribute__((noinline)) bool invariantFailed(const char *what, const char *fil
     return false;
 }
 
+void resetFabricSignalHandlers()
+{
+    // For libraries loaded from now on, exec'd children included (the program's own choice
+    // wins when it set the variable).
+    setenv("IPATH_NO_BACKTRACE", "1", 0);
+    for (int sig : {SIGINT, SIGTERM, SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) {
+        struct sigaction cur;
+        if (sigaction(sig, nullptr, &cur) == 0 && isFabricLibraryHandler(cur)) {
+            // What the signal did before that library is lost; a signal ignored since exec is
+            // kept ignored only when the library never took it (rstream-run sets the variable).
+            setDefault(sig);
+            RS_LOG(Debug, "signal %d: a fabric library's handler replaced by the default action",
+                   sig);
+        }
+    }
+}
+
 void installCrashHandler()
 {
     static bool installed = false;
     if (installed)
         return;
     installed = true;
+    resetFabricSignalHandlers();
     const char *env = std::getenv("RSTREAM_BACKTRACE");
-    if (env && !strcmp(env, "0")) {
-        // No report, but a fabric library's handler still must not turn the program's crash
-        // into an exit.
-        for (int sig : kSignals) {
-            struct sigaction cur;
-            if (sigaction(sig, nullptr, &cur) == 0 && isFabricLibraryHandler(cur))
-                setDefault(sig);
-        }
-        return;
-    }
+    if (env && !strcmp(env, "0"))
+        return; // no report
     const char *path = std::getenv("RSTREAM_LOG_FILE");
     if (path && strlen(path) < sizeof(gLogPath))
         strcpy(gLogPath, path);
@@ -585,16 +595,9 @@ void installCrashHandler()
         Previous &p = gPrevious[i];
         if (sigaction(kSignals[i], nullptr, &p.action) != 0)
             continue;
-        const bool handler = (p.action.sa_flags & SA_SIGINFO) ||
-                             (p.action.sa_handler != SIG_DFL && p.action.sa_handler != SIG_IGN);
-        p.chain = handler;
-        if (handler && isFabricLibraryHandler(p.action)) {
-            RS_LOG(Debug, "crash handler: replacing a fabric library's %s handler",
-                   kSignalNames[i]);
-            p.chain = false;
-            memset(&p.action, 0, sizeof(p.action));
-            p.action.sa_handler = SIG_DFL;
-        }
+        // A fabric library's handler is gone already (resetFabricSignalHandlers).
+        p.chain = (p.action.sa_flags & SA_SIGINFO) ||
+                  (p.action.sa_handler != SIG_DFL && p.action.sa_handler != SIG_IGN);
         sigaction(kSignals[i], &sa, nullptr);
     }
 }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "boundary.h"
+#include "crash.h"
 #include "fdtable.h"
 #include "log.h"
 #include "poller.h"
@@ -28,6 +29,13 @@ static_assert(SOL_RDMA == kSolRdma && RDMA_SQSIZE == kRdmaSqSize && RDMA_RQSIZE 
               RSTREAM_RX_SIZE == kRxSize);
 
 namespace {
+
+// libfabric's dependencies may have taken SIGINT and SIGTERM for themselves by now (see
+// resetFabricSignalHandlers): a program using rsockets keeps the signals' usual behaviour.
+__attribute__((constructor)) void rsocketInit()
+{
+    resetFabricSignalHandlers();
+}
 
 FdTable<Socket> &sockets()
 {
@@ -390,19 +398,37 @@ __attribute__((visibility("default"))) int rfcntl(int socket, int cmd, ...)
     });
 }
 
-__attribute__((visibility("default"))) off_t riomap(int socket, void *, size_t, int, int, off_t)
+__attribute__((visibility("default"))) off_t riomap(int socket, void *buf, size_t len, int prot,
+                                                    int flags, off_t offset)
 {
-    return boundary([&]() -> off_t { return resolve(socket) ? -ENOSYS : -EBADF; });
+    return boundary([&]() -> off_t {
+        auto s = resolve(socket);
+        return s ? s->riomap(buf, len, prot, flags, offset) : -EBADF;
+    });
 }
 
-__attribute__((visibility("default"))) int riounmap(int socket, void *, size_t)
+__attribute__((visibility("default"))) int riounmap(int socket, void *buf, size_t len)
 {
-    return boundary([&]() -> int { return resolve(socket) ? -ENOSYS : -EBADF; });
+    return boundary([&]() -> int {
+        auto s = resolve(socket);
+        return s ? s->riounmap(buf, len) : -EBADF;
+    });
 }
 
-__attribute__((visibility("default"))) size_t riowrite(int socket, const void *, size_t, off_t, int)
+// size_t as in librdmacm: an error is (size_t)-1 with errno set.
+__attribute__((visibility("default"))) size_t riowrite(int socket, const void *buf, size_t count,
+                                                       off_t offset, int flags)
 {
-    ssize_t r = boundary([&]() -> ssize_t { return resolve(socket) ? -ENOSYS : -EBADF; });
+    pthread_testcancel();
+    ssize_t r = boundary([&]() -> ssize_t {
+        auto s = resolve(socket);
+        if (!s)
+            return -EBADF;
+        ssize_t n = s->riowrite(buf, count, offset, flags);
+        if (n == -EPIPE && !(flags & MSG_NOSIGNAL))
+            pthread_kill(pthread_self(), SIGPIPE); // it behaves like rwrite
+        return n;
+    });
     return static_cast<size_t>(r);
 }
 

@@ -26,6 +26,7 @@ struct Settings
     uint32_t rxSize = 384;       // receive queue entries (message credits given to the peer)
     uint32_t pollUs = 50;        // spin this long making progress before sleeping
     int connectTimeoutMs = 2000; // bound on connection establishment (also the shim's fallback)
+    uint32_t ioMapSize = 64;     // riomap() windows the peer may map (RDMA_IOMAPSIZE)
     bool iwarp = false;          // force RMA write + small send instead of write with immediate
     bool strict = false;         // ask the provider for verbs-shaped MR semantics (tests)
     std::string provider;        // empty: verbs when usable, else tcp

@@ -15,6 +15,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -726,6 +727,69 @@ int Socket::shutdown(int how)
     return r == -ECONNRESET || r == -ETIMEDOUT ? 0 : r;
 }
 
+off_t Socket::riomap(void *buf, size_t len, int prot, int flags, off_t offset)
+{
+    if (flags != 0 || (prot != PROT_WRITE && prot != PROT_NONE))
+        return -EINVAL;
+    std::shared_ptr<Connection> conn;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        refreshConnectLocked();
+        if (state_ != State::Connected)
+            return -ENOTCONN;
+        conn = conn_;
+    }
+    off_t chosen = 0;
+    int r = conn->mapWindow(buf, len, prot == PROT_WRITE, offset, &chosen);
+    return r < 0 ? r : chosen;
+}
+
+int Socket::riounmap(void *buf, size_t len)
+{
+    std::shared_ptr<Connection> conn;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!conn_)
+            return -EINVAL; // nothing was ever mapped here
+        conn = conn_;
+    }
+    return conn->unmapWindow(buf, len);
+}
+
+ssize_t Socket::riowrite(const void *buf, size_t count, off_t offset, int flags)
+{
+    std::shared_ptr<Connection> conn;
+    int timeout;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        refreshConnectLocked();
+        if (state_ != State::Connected) {
+            if (soError_) {
+                int e = soError_;
+                soError_ = 0;
+                return e;
+            }
+            return state_ == State::Connecting ? -EAGAIN : -ENOTCONN;
+        }
+        conn = conn_;
+        timeout = sndTimeoutMs_;
+        if (errorReported_)
+            return -EPIPE;
+    }
+    int f = (nonblocking() || (flags & MSG_DONTWAIT)) ? kNonBlock : 0;
+    ssize_t r;
+    do {
+        r = conn->writeWindow(buf, count, offset, f, f ? 0 : timeout);
+    } while (r == -EINTR && timeout < 0 && signalsRestart());
+    if (r == -ENOTCONN)
+        r = -EAGAIN; // still connecting, nonblocking
+    if (r == -ECONNRESET || r == -ETIMEDOUT) {
+        int e = reportError(static_cast<int>(r));
+        return e ? e : -EPIPE;
+    }
+    return r;
+}
+
 int Socket::setsockopt(int level, int name, const void *val, socklen_t len)
 {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -892,9 +956,10 @@ int Socket::setsockopt(int level, int name, const void *val, socklen_t len)
             inlineSize_ = v;
             return 0;
         case kRdmaIoMapSize:
-            if (v < 0)
+            // The table of the peer's windows is sized when the endpoint is made.
+            if (!before || v < 0 || static_cast<uint32_t>(v) > wire::kMaxIoMaps)
                 return -EINVAL;
-            ioMapSize_ = v;
+            settings_.ioMapSize = static_cast<uint32_t>(v);
             return 0;
         default:
             return -ENOPROTOOPT;
@@ -1010,7 +1075,7 @@ int Socket::getsockopt(int level, int name, void *val, socklen_t *len)
             case kRdmaInline:
                 return getValue(inlineSize_, val, len);
             case kRdmaIoMapSize:
-                return getValue(ioMapSize_, val, len);
+                return getValue(static_cast<int>(settings_.ioMapSize), val, len);
             default:
                 return -ENOPROTOOPT;
             }

@@ -78,6 +78,12 @@ public:
     ssize_t send(const iovec *iov, int iovcnt, int flags);
     ssize_t recv(const iovec *iov, int iovcnt, int flags);
     int shutdown(int how);
+    // riomap(3), riounmap(3), riowrite(3) on a connected socket: prot PROT_WRITE (a window the
+    // peer can write) or PROT_NONE (recorded only), flags 0. riowrite takes MSG_DONTWAIT and
+    // MSG_NOSIGNAL (the caller raises SIGPIPE); other flags are ignored, as rsockets does.
+    off_t riomap(void *buf, size_t len, int prot, int flags, off_t offset);
+    int riounmap(void *buf, size_t len);
+    ssize_t riowrite(const void *buf, size_t count, off_t offset, int flags);
     // Graceful close (abortive with SO_LINGER 0; waits up to the linger time if set).
     void close();
 
@@ -165,7 +171,6 @@ private:
     int maxSeg_ = 0;
     bool v6Only_ = false;
     int inlineSize_ = 0;
-    int ioMapSize_ = 0;
     int sndBufReq_ = 0; // SO_SNDBUF as set (before doubling)
     int rcvBufReq_ = 0;
     std::map<std::pair<int, int>, int> generic_; // options kept for getsockopt only

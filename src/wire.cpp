@@ -35,6 +35,13 @@ std::optional<uint32_t> encodeGrow(uint32_t log2)
     return encodeCtrl(Ctrl::Grow) | (log2 << kCtrlArgShift);
 }
 
+std::optional<uint32_t> encodeIoMap(uint32_t window)
+{
+    if (window >= kMaxIoMaps)
+        return std::nullopt;
+    return (static_cast<uint32_t>(Op::IoMap) << kOpShift) | window;
+}
+
 std::optional<Message> decode(uint32_t word)
 {
     uint32_t payload = word & kPayloadMask;
@@ -66,6 +73,12 @@ std::optional<Message> decode(uint32_t word)
         m.arg = arg;
         return m;
     }
+    case static_cast<uint32_t>(Op::IoMap):
+        if (payload >= kMaxIoMaps)
+            return std::nullopt;
+        m.op = Op::IoMap;
+        m.window = payload;
+        return m;
     default:
         return std::nullopt;
     }
@@ -120,7 +133,8 @@ void encodeHello(const Hello &h, uint8_t out[kHelloSize])
     put<uint64_t>(p, h.ringKey);
     put<uint32_t>(p, h.ringSize);
     put<uint32_t>(p, h.rxSlots);
-    put<uint64_t>(p, h.reserved);
+    put<uint32_t>(p, h.ioMapSize);
+    put<uint32_t>(p, h.reserved);
 }
 
 int decodeHello(const void *data, size_t len, Hello *out)
@@ -136,7 +150,8 @@ int decodeHello(const void *data, size_t len, Hello *out)
     h.ringKey = get<uint64_t>(p);
     h.ringSize = get<uint32_t>(p);
     h.rxSlots = get<uint32_t>(p);
-    h.reserved = get<uint64_t>(p);
+    h.ioMapSize = get<uint32_t>(p);
+    h.reserved = get<uint32_t>(p);
     if (h.magic != kMagic || h.version != kVersion)
         return -EPROTO;
     if (h.flags & ~(kFlagIwarp | kFlagVirtAddr | kFlagGrow))
@@ -145,7 +160,39 @@ int decodeHello(const void *data, size_t len, Hello *out)
         return -EINVAL;
     if (!(h.flags & kFlagVirtAddr) && h.ringAddr != 0)
         return -EINVAL;
+    if (h.ioMapSize > kMaxIoMaps)
+        return -EINVAL;
     *out = h;
+    return 0;
+}
+
+void encodeIoMapRecord(const IoMapRecord &rec, uint8_t out[kIoMapRecordSize])
+{
+    uint8_t *p = out;
+    put<uint64_t>(p, rec.offset);
+    put<uint64_t>(p, rec.length);
+    put<uint64_t>(p, rec.addr);
+    put<uint64_t>(p, rec.key);
+}
+
+int decodeIoMapRecord(const void *data, size_t len, IoMapRecord *out)
+{
+    if (!data || len < kIoMapRecordSize)
+        return -EINVAL;
+    const uint8_t *p = static_cast<const uint8_t *>(data);
+    IoMapRecord r;
+    r.offset = get<uint64_t>(p);
+    r.length = get<uint64_t>(p);
+    r.addr = get<uint64_t>(p);
+    r.key = get<uint64_t>(p);
+    constexpr uint64_t kMaxOff = uint64_t(INT64_MAX);
+    if (r.length == 0) {
+        if (r.offset || r.addr || r.key)
+            return -EINVAL;
+    } else if (r.offset > kMaxOff || r.length > kMaxOff - r.offset || r.addr > ~r.length) {
+        return -EINVAL;
+    }
+    *out = r;
     return 0;
 }
 

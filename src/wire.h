@@ -21,7 +21,18 @@
 //                                      KEEPALIVE_ACK, GROW, SWITCH)
 //                payload bits 12..8 = GROW: log2 of the new ring size (10 .. 28); else 0
 //                payload bits 28..13 = 0
-//   op 3..7      invalid: the connection is reset
+//   op 3 IOMAP   payload = window id (0 .. the receiver's ioMapSize - 1). The only word that
+//                carries a payload of its own: a 32-byte IoMapRecord that announces (length > 0)
+//                or withdraws (length 0) the sender's riomap() window with that id. It travels
+//                as a send into a posted receive: as the 32-byte payload of a send with
+//                immediate, or in iWarp mode as bytes 4..35 of the 36-byte send that starts
+//                with the word. Any other word arriving with a payload, or an IOMAP without
+//                one, resets the connection.
+//   op 4..7      invalid: the connection is reset
+//
+// riowrite() data travels as a plain RMA write (no immediate, no receive consumed) into the
+// window the record named, posted after the stream data that precedes it on the same
+// endpoint; stream data posted after it tells the receiver it has landed.
 #pragma once
 
 #include <cstddef>
@@ -35,6 +46,7 @@ enum class Op : uint32_t
     Data = 0,
     Credit = 1,
     Ctrl = 2,
+    IoMap = 3,
 };
 
 enum class Ctrl : uint32_t
@@ -69,6 +81,8 @@ constexpr unsigned kCtrlArgShift = 8;
 constexpr uint32_t kCtrlCodeMask = 0xff;
 constexpr uint32_t kMinRingLog2 = 10;
 constexpr uint32_t kMaxRingLog2 = 28;
+// Bound on the windows one end accepts from its peer (RDMA_IOMAPSIZE), so on IOMAP ids.
+constexpr uint32_t kMaxIoMaps = 4096;
 
 struct Message
 {
@@ -78,6 +92,7 @@ struct Message
     uint32_t ringUnits = 0; // Credit
     Ctrl ctrl{};            // Ctrl
     uint32_t arg = 0;       // Ctrl GROW: log2 of the new ring size
+    uint32_t window = 0;    // IoMap
 
     bool operator==(const Message &) const = default;
 };
@@ -88,6 +103,7 @@ std::optional<uint32_t> encodeCredit(uint32_t slots, uint32_t ringUnits);
 uint32_t encodeCtrl(Ctrl code);
 // GROW to a ring of 2^log2 bytes; nullopt out of kMinRingLog2 .. kMaxRingLog2.
 std::optional<uint32_t> encodeGrow(uint32_t log2);
+std::optional<uint32_t> encodeIoMap(uint32_t window);
 
 // Decodes a word from the wire; nullopt when it is malformed.
 std::optional<Message> decode(uint32_t word);
@@ -95,6 +111,29 @@ std::optional<Message> decode(uint32_t word);
 // The credit unit shift of a ring: ring space is returned in units of 1 << shift bytes, so that
 // a whole ring fits in the 16-bit field.
 unsigned creditShift(uint64_t ringSize);
+
+// The record an IOMAP word carries: 32 bytes, four 64-bit fields in network byte order.
+//   offset  where the window starts in the riowrite() offset space of the connection
+//   length  bytes in the window; 0 withdraws the window (all other fields 0 then)
+//   addr    RMA target address of the window's first byte: a virtual address with
+//           FI_MR_VIRT_ADDR (the hello's kFlagVirtAddr), else 0 (offsets into the region)
+//   key     the remote key of the window's memory region
+// offset + length never exceeds 2^63 - 1 (off_t), and addr + length never wraps.
+constexpr size_t kIoMapRecordSize = 32;
+
+struct IoMapRecord
+{
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    uint64_t addr = 0;
+    uint64_t key = 0;
+
+    bool operator==(const IoMapRecord &) const = default;
+};
+
+void encodeIoMapRecord(const IoMapRecord &rec, uint8_t out[kIoMapRecordSize]);
+// Decodes and validates (see above): -EINVAL when out of range, and *out is left alone.
+int decodeIoMapRecord(const void *data, size_t len, IoMapRecord *out);
 
 // CM private data: sent by the connecting side with fi_connect and answered with fi_accept.
 // All fields in network byte order on the wire; 40 bytes.
@@ -114,11 +153,12 @@ struct Hello
     uint32_t magic = kMagic;
     uint16_t version = kVersion;
     uint16_t flags = 0;
-    uint64_t ringAddr = 0; // target address of the receive ring
-    uint64_t ringKey = 0;  // remote key of the receive ring
-    uint32_t ringSize = 0; // bytes
-    uint32_t rxSlots = 0;  // receive slots posted: the peer's initial message credits
-    uint64_t reserved = 0;
+    uint64_t ringAddr = 0;  // target address of the receive ring
+    uint64_t ringKey = 0;   // remote key of the receive ring
+    uint32_t ringSize = 0;  // bytes
+    uint32_t rxSlots = 0;   // receive slots posted: the peer's initial message credits
+    uint32_t ioMapSize = 0; // riomap() windows the sender accepts from its peer (0 .. kMaxIoMaps)
+    uint32_t reserved = 0;
 
     bool operator==(const Hello &) const = default;
 };

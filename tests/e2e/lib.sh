@@ -147,9 +147,10 @@ finish() {
 	return "$rc"
 }
 
-# stop_pid PID: TERM (then KILL after 10 s) and wait; returns the exit status.
+# stop_pid PID [SIGNAL]: SIGNAL (default TERM; then KILL after 10 s) and wait; returns the exit
+# status.
 stop_pid() {
-	kill -TERM "$1" 2>/dev/null || true
+	kill -s "${2:-TERM}" "$1" 2>/dev/null || true
 	for _ in $(seq 100); do
 		kill -0 "$1" 2>/dev/null || break
 		sleep 0.1

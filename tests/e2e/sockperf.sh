@@ -24,7 +24,9 @@ grep -q 'Summary: BandWidth is' "$work/tp.log" || fail "sockperf tp printed no b
 log "tp: $(grep -m1 'Summary: Message Rate is' "$work/tp.log" | sed 's/.*Summary: //')"
 log "tp: $(grep -m1 'Summary: BandWidth is' "$work/tp.log" | sed 's/.*Summary: //')"
 sleep 0.5
-stop_pid "$server_pid" || true
+# sockperf stops on SIGINT, and exits through exit() (which writes the statistics); SIGTERM
+# kills it.
+stop_pid "$server_pid" INT || true
 grep -qi 'error' "$work/server.log" && fail "the sockperf server reported an error"
 expect_fabric pp 1
 # tp only sends: the server answers nothing unless asked.

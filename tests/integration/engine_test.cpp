@@ -637,6 +637,113 @@ TEST_P(EngineTest, PeerWithBadHelloIsRejected)
     fi_freeinfo(info);
 }
 
+// A peer that breaks the riomap rules (window records) is reset; the listener and other
+// connections do not mind.
+TEST_P(EngineTest, PeerWithBadWindowRecordsIsReset)
+{
+    auto l = listen(settings());
+    const bool iwarp = GetParam().iwarp;
+    struct Case
+    {
+        const char *what;
+        uint32_t id;
+        wire::IoMapRecord rec;
+        bool withRecord;
+    };
+    wire::IoMapRecord fine{1 << 20, 4096, 0, 1};
+    wire::IoMapRecord wrapping{INT64_MAX, 2, 0, 1};
+    const Case cases[] = {
+        {"id past the table", 64, fine, true},
+        {"withdrawing an unknown window", 3, wire::IoMapRecord{}, true},
+        {"a window past off_t", 0, wrapping, true},
+        {"IOMAP without its record", 0, fine, false},
+    };
+    for (const Case &c : cases) {
+        SCOPED_TRACE(c.what);
+        fi_info *hints = fi_allocinfo();
+        hints->ep_attr->type = FI_EP_MSG;
+        hints->caps = FI_MSG | FI_RMA;
+        hints->fabric_attr->prov_name = strdup("tcp");
+        fi_info *info = nullptr;
+        std::string port = std::to_string(port_);
+        ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", port.c_str(), 0, hints, &info), 0);
+        fi_freeinfo(hints);
+        fid_fabric *fabric;
+        fid_domain *domain;
+        fid_eq *eq;
+        fid_ep *ep;
+        fid_cq *cq;
+        ASSERT_EQ(fi_fabric(info->fabric_attr, &fabric, nullptr), 0);
+        ASSERT_EQ(fi_domain(fabric, info, &domain, nullptr), 0);
+        fi_eq_attr eattr{};
+        eattr.wait_obj = FI_WAIT_FD;
+        ASSERT_EQ(fi_eq_open(fabric, &eattr, &eq, nullptr), 0);
+        ASSERT_EQ(fi_endpoint(domain, info, &ep, nullptr), 0);
+        fi_cq_attr cattr{};
+        cattr.format = FI_CQ_FORMAT_DATA;
+        ASSERT_EQ(fi_cq_open(domain, &cattr, &cq, nullptr), 0);
+        ASSERT_EQ(fi_ep_bind(ep, &eq->fid, 0), 0);
+        ASSERT_EQ(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), 0);
+        ASSERT_EQ(fi_enable(ep), 0);
+        wire::Hello h;
+        h.flags = iwarp ? wire::kFlagIwarp : 0;
+        h.ringSize = 4096;
+        h.rxSlots = 16;
+        h.ioMapSize = 0;
+        // The listener's virtual addressing must match ours for the hello to be taken.
+        if (GetParam().strict) {
+            h.flags |= wire::kFlagVirtAddr;
+            h.ringAddr = 4096;
+        }
+        uint8_t data[wire::kHelloSize];
+        wire::encodeHello(h, data);
+        ASSERT_EQ(fi_connect(ep, info->dest_addr, data, sizeof(data)), 0);
+        std::unique_ptr<Connection> accepted;
+        std::thread server([&] { EXPECT_EQ(l->accept(&accepted, false, 5000), 0); });
+        uint32_t event;
+        alignas(fi_eq_cm_entry) uint8_t buf[sizeof(fi_eq_cm_entry) + 256];
+        ssize_t r = fi_eq_sread(eq, &event, buf, sizeof(buf), 5000, 0);
+        server.join();
+        ASSERT_GT(r, 0);
+        ASSERT_EQ(event, FI_CONNECTED);
+        ASSERT_TRUE(accepted);
+        uint8_t msg[4 + wire::kIoMapRecordSize];
+        uint32_t word = *wire::encodeIoMap(c.id);
+        std::memcpy(msg, &word, 4);
+        wire::encodeIoMapRecord(c.rec, msg + 4);
+        fi_context2 ctx;
+        if (iwarp)
+            r = fi_send(ep, msg, c.withRecord ? sizeof(msg) : 4, nullptr, 0, &ctx);
+        else
+            r = fi_senddata(ep, msg + 4, c.withRecord ? wire::kIoMapRecordSize : 0, nullptr, word,
+                            0, &ctx);
+        ASSERT_EQ(r, 0);
+        uint8_t b;
+        ssize_t got = 0;
+        for (int i = 0; i < 100 && (got = accepted->recv(&b, 1, 0, 50)) == -EAGAIN; i++) {
+            fi_cq_data_entry e;
+            fi_cq_read(cq, &e, 1); // progress for our send
+        }
+        EXPECT_EQ(got, -ECONNRESET);
+        accepted.reset();
+        fi_close(&ep->fid);
+        fi_close(&cq->fid);
+        fi_close(&eq->fid);
+        fi_close(&domain->fid);
+        fi_close(&fabric->fid);
+        fi_freeinfo(info);
+    }
+    // A well-behaved peer is still served.
+    std::unique_ptr<Connection> accepted;
+    std::thread good([&] { EXPECT_EQ(l->accept(&accepted, false, 5000), 0); });
+    auto c = connect(settings());
+    good.join();
+    ASSERT_TRUE(accepted);
+    EXPECT_EQ(c->send("x", 1), 1);
+    char x;
+    EXPECT_EQ(accepted->recv(&x, 1, 0, 5000), 1);
+}
+
 // A raw libfabric peer that completes the handshake with a valid hello, then sends words of its
 // choosing: whatever an rstream peer could never send must reset the connection.
 class RawPeer

@@ -462,6 +462,7 @@ public:
                 << "credit rejected: " << m->slots << " slots, " << m->ringUnits << " units";
             break;
         case wire::Op::Ctrl:
+        case wire::Op::IoMap: // a message like CTRL for flow control
             break;
         }
         return true;

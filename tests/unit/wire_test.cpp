@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
-// Unit tests of the wire format: the 32-bit message word, the credit unit and the hello.
+// Unit tests of the wire format: the 32-bit message word, the credit unit, the hello and the
+// riomap window record.
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -61,6 +63,10 @@ TEST(WireLayout, ConstantsMatchTheDocumentedLayout)
     // Slots and ring units share the payload without overlapping.
     EXPECT_EQ(((kMaxSlots << kSlotShift) | kMaxRingUnits), kPayloadMask);
     EXPECT_EQ((kMaxSlots << kSlotShift) & kMaxRingUnits, 0u);
+    // Window ids fit the payload.
+    EXPECT_EQ(kMaxIoMaps, 4096u);
+    EXPECT_LE(kMaxIoMaps - 1, kPayloadMask);
+    EXPECT_EQ(kIoMapRecordSize, 32u);
 }
 
 TEST(WireData, RoundTripsAtTheEdgesAndAcrossTheRange)
@@ -183,9 +189,28 @@ TEST(WireCtrl, KeepaliveProbeAndAnswerAreDistinct)
     EXPECT_FALSE(decode((2u << kOpShift) | 6u));
 }
 
+TEST(WireIoMap, RoundTripsEveryWindowId)
+{
+    for (uint32_t id = 0; id < kMaxIoMaps; id++) {
+        auto w = encodeIoMap(id);
+        ASSERT_TRUE(w);
+        EXPECT_EQ(*w, (3u << kOpShift) | id);
+        auto m = decode(*w);
+        ASSERT_TRUE(m);
+        EXPECT_EQ(m->op, Op::IoMap);
+        EXPECT_EQ(m->window, id);
+    }
+    EXPECT_FALSE(encodeIoMap(kMaxIoMaps));
+    EXPECT_FALSE(encodeIoMap(0xffffffffu));
+    EXPECT_FALSE(decode(makeWord(3, kMaxIoMaps)));
+    EXPECT_FALSE(decode(makeWord(3, kPayloadMask)));
+}
+
 TEST(WireDecode, RejectsMalformedWords)
 {
-    for (uint32_t op = 3; op <= 7; op++) {
+    for (uint32_t payload : {kMaxIoMaps, kMaxIoMaps + 1, 0x10001u, kPayloadMask})
+        EXPECT_FALSE(decode(makeWord(3, payload))) << "IOMAP window " << payload;
+    for (uint32_t op = 4; op <= 7; op++) {
         for (uint32_t payload : {0u, 1u, 2u, 4u, 0x10001u, kPayloadMask})
             EXPECT_FALSE(decode(makeWord(op, payload))) << "op " << op << " payload " << payload;
     }
@@ -224,6 +249,9 @@ TEST(WireDecode, AgreesWithTheEncodersForEveryOp)
                     reencoded = encodeCtrl(static_cast<Ctrl>(code));
                 break;
             }
+            case 3:
+                reencoded = encodeIoMap(payload);
+                break;
             default:
                 break;
             }
@@ -242,6 +270,9 @@ TEST(WireDecode, AgreesWithTheEncodersForEveryOp)
                 break;
             case Op::Ctrl:
                 ASSERT_EQ(static_cast<uint32_t>(m->ctrl) | (m->arg << kCtrlArgShift), payload);
+                break;
+            case Op::IoMap:
+                ASSERT_EQ(m->window, payload);
                 break;
             }
         }
@@ -296,6 +327,7 @@ Hello sampleHello()
     h.ringKey = 0x1112131415161718ull;
     h.ringSize = 1u << 20;
     h.rxSlots = 384;
+    h.ioMapSize = 64;
     h.reserved = 0;
     return h;
 }
@@ -345,7 +377,8 @@ TEST(WireHello, IsFortyBytesInNetworkOrder)
 {
     EXPECT_EQ(kHelloSize, 40u);
     Hello h = sampleHello();
-    h.reserved = 0x2122232425262728ull;
+    h.ioMapSize = 0x00000fff;
+    h.reserved = 0x25262728u;
     EncodedHello e = encode(h);
     const uint8_t *b = e.bytes;
     // magic "RSTM"
@@ -369,8 +402,19 @@ TEST(WireHello, IsFortyBytesInNetworkOrder)
     const uint8_t slots[] = {0x00, 0x00, 0x01, 0x80};
     EXPECT_EQ(std::memcmp(b + 24, size, 4), 0);
     EXPECT_EQ(std::memcmp(b + 28, slots, 4), 0);
-    for (int i = 0; i < 8; i++)
-        EXPECT_EQ(b[32 + i], 0x21 + i);
+    // ioMapSize 4095 = 00 00 0f ff, then the reserved word
+    const uint8_t maps[] = {0x00, 0x00, 0x0f, 0xff};
+    EXPECT_EQ(std::memcmp(b + 32, maps, 4), 0);
+    for (int i = 0; i < 4; i++)
+        EXPECT_EQ(b[36 + i], 0x25 + i);
+}
+
+TEST(WireHello, RejectsIoMapSizesOutOfRange)
+{
+    EXPECT_EQ(decodeModified([](Hello &h) { h.ioMapSize = 0; }), 0);
+    EXPECT_EQ(decodeModified([](Hello &h) { h.ioMapSize = kMaxIoMaps; }), 0);
+    EXPECT_EQ(decodeModified([](Hello &h) { h.ioMapSize = kMaxIoMaps + 1; }), -EINVAL);
+    EXPECT_EQ(decodeModified([](Hello &h) { h.ioMapSize = 0xffffffffu; }), -EINVAL);
 }
 
 TEST(WireHello, AcceptsLongerPrivateData)
@@ -474,4 +518,93 @@ TEST(WireHello, LeavesTheOutputAloneOnError)
     out.ringSize = 12345;
     EXPECT_EQ(decodeHello(e.bytes, kHelloSize, &out), -EINVAL);
     EXPECT_EQ(out.ringSize, 12345u);
+}
+
+namespace {
+
+IoMapRecord sampleRecord()
+{
+    IoMapRecord r;
+    r.offset = 0x0102030405060708ull;
+    r.length = 0x1112131415161718ull;
+    r.addr = 0x2122232425262728ull;
+    r.key = 0x3132333435363738ull;
+    return r;
+}
+
+int decodeRecord(const IoMapRecord &r)
+{
+    uint8_t buf[kIoMapRecordSize];
+    encodeIoMapRecord(r, buf);
+    IoMapRecord out;
+    return decodeIoMapRecord(buf, sizeof(buf), &out);
+}
+
+} // namespace
+
+TEST(WireIoMapRecord, IsThirtyTwoBytesInNetworkOrderAndRoundTrips)
+{
+    IoMapRecord r = sampleRecord();
+    uint8_t buf[kIoMapRecordSize + 8];
+    std::memset(buf, 0xee, sizeof(buf));
+    encodeIoMapRecord(r, buf);
+    for (int field = 0; field < 4; field++)
+        for (int i = 0; i < 8; i++)
+            EXPECT_EQ(buf[field * 8 + i], 0x01 + 0x10 * field + i) << field << " " << i;
+    EXPECT_EQ(buf[kIoMapRecordSize], 0xee); // nothing written past the record
+    IoMapRecord out;
+    ASSERT_EQ(decodeIoMapRecord(buf, sizeof(buf), &out), 0);
+    EXPECT_EQ(out, r);
+}
+
+TEST(WireIoMapRecord, WithdrawalHasOnlyZeros)
+{
+    EXPECT_EQ(decodeRecord(IoMapRecord{}), 0);
+    IoMapRecord r{};
+    r.key = 1;
+    EXPECT_EQ(decodeRecord(r), -EINVAL);
+    r = {};
+    r.offset = 4096;
+    EXPECT_EQ(decodeRecord(r), -EINVAL);
+    r = {};
+    r.addr = 4096;
+    EXPECT_EQ(decodeRecord(r), -EINVAL);
+}
+
+TEST(WireIoMapRecord, RejectsWindowsPastOffTOrWrappingAddresses)
+{
+    constexpr uint64_t kMax = uint64_t(INT64_MAX);
+    auto rec = [](uint64_t offset, uint64_t length, uint64_t addr) {
+        IoMapRecord r;
+        r.offset = offset;
+        r.length = length;
+        r.addr = addr;
+        r.key = 7;
+        return r;
+    };
+    EXPECT_EQ(decodeRecord(rec(0, 1, 0)), 0);
+    EXPECT_EQ(decodeRecord(rec(0, kMax, 0)), 0);
+    EXPECT_EQ(decodeRecord(rec(kMax - 1, 1, 0)), 0);
+    EXPECT_EQ(decodeRecord(rec(kMax, 1, 0)), -EINVAL);
+    EXPECT_EQ(decodeRecord(rec(1, kMax, 0)), -EINVAL);
+    EXPECT_EQ(decodeRecord(rec(kMax + 1, 1, 0)), -EINVAL);
+    EXPECT_EQ(decodeRecord(rec(0, UINT64_MAX, 0)), -EINVAL);
+    EXPECT_EQ(decodeRecord(rec(0, 4096, UINT64_MAX - 4096)), 0);
+    EXPECT_EQ(decodeRecord(rec(0, 4096, UINT64_MAX - 4095)), -EINVAL);
+    EXPECT_EQ(decodeRecord(rec(0, 1, UINT64_MAX)), -EINVAL);
+}
+
+TEST(WireIoMapRecord, RejectsShortInputAndLeavesTheOutputAlone)
+{
+    uint8_t buf[kIoMapRecordSize];
+    encodeIoMapRecord(sampleRecord(), buf);
+    IoMapRecord out;
+    out.key = 99;
+    EXPECT_EQ(decodeIoMapRecord(buf, kIoMapRecordSize - 1, &out), -EINVAL);
+    EXPECT_EQ(decodeIoMapRecord(nullptr, kIoMapRecordSize, &out), -EINVAL);
+    IoMapRecord bad{};
+    bad.key = 1;
+    encodeIoMapRecord(bad, buf);
+    EXPECT_EQ(decodeIoMapRecord(buf, sizeof(buf), &out), -EINVAL);
+    EXPECT_EQ(out.key, 99u);
 }

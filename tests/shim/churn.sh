@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# churn: many clients under one epoll loop, closed and replaced the way redis-benchmark does
+# between its tests, all over the fabric, get every reply right and never stall.
+# signals: SIGINT and SIGTERM do to a program under the shim, or using librstream.so, what they
+# do without it, also in the middle of fabric traffic. libinfinipath (loaded with libfabric)
+# installs handlers that exit() from the signal handler: the program then exited with status 1,
+# or hung in libfabric's destructor waiting for a lock the interrupted code held.
+# Usage: churn.sh churn|signals CHURN_PROG PRELOAD_LIB LIBRSTREAM RSTREAM_RUN
+set -euo pipefail
+mode=$1
+prog=$2
+lib=$3
+librstream=$4
+run=$5
+export RSTREAM_PROVIDER=${RSTREAM_PROVIDER:-tcp}
+unset RSTREAM_PORT_OFFSET RSTREAM_PORTS RSTREAM_EXCLUDE RSTREAM_ENABLE RSTREAM_STATS LD_PRELOAD \
+	IPATH_NO_BACKTRACE
+offset=20000 # the shim's default fabric port offset on tcp
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+	local p
+	for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+fail() {
+	echo "FAIL: $*"
+	local f
+	for f in "$work"/*.log; do
+		[ -f "$f" ] || continue
+		echo "---- ${f#"$work"/}"
+		tail -n 20 "$f"
+	done
+	exit 1
+}
+
+# Whether anything uses local TCP port $1, or listens on it.
+port_in_use() {
+	local hex
+	hex=$(printf ':%04X' "$1")
+	awk -v p="$hex" 'NR > 1 && substr($2, length($2) - 4) == p { f = 1 } END { exit !f }' \
+		/proc/net/tcp /proc/net/tcp6
+}
+port_listening() {
+	local hex
+	hex=$(printf ':%04X' "$1")
+	awk -v p="$hex" 'NR > 1 && $4 == "0A" && substr($2, length($2) - 4) == p { f = 1 }
+		END { exit !f }' /proc/net/tcp /proc/net/tcp6
+}
+
+# The churn server under the shim, on a port whose fabric port is free too; sets port, server.
+start_server() {
+	for _ in 1 2 3 4 5; do
+		port=$((20000 + RANDOM % 20001))
+		if port_in_use "$port" || port_in_use $((port + offset)); then
+			continue
+		fi
+		"$run" --lib "$lib" --stats "$work/server.%p.json" -- "$prog" server "$port" \
+			"$work/port" >"$work/server.log" 2>&1 &
+		server=$!
+		pids+=("$server")
+		for _ in $(seq 200); do
+			kill -0 "$server" 2>/dev/null || break
+			if port_listening "$port" && port_listening $((port + offset)); then
+				return 0
+			fi
+			sleep 0.05
+		done
+		kill -KILL "$server" 2>/dev/null || true
+		wait "$server" 2>/dev/null || true
+	done
+	fail "the server did not listen"
+}
+
+# ends PID SECONDS: waits that long at most for PID to end; sets rc to its exit status.
+ends() {
+	local i
+	for i in $(seq $(($2 * 20))); do
+		if ! kill -0 "$1" 2>/dev/null; then
+			rc=0
+			wait "$1" || rc=$?
+			return 0
+		fi
+		sleep 0.05
+	done
+	return 1
+}
+
+# ready LOG PID: waits until the program printed "ready" (its libraries are loaded, their
+# constructors and ours have run).
+ready() {
+	for _ in $(seq 400); do
+		grep -q ready "$1" 2>/dev/null && return 0
+		kill -0 "$2" 2>/dev/null || fail "$1: the program ended early"
+		sleep 0.05
+	done
+	fail "$1: not ready after 20 s"
+}
+
+# expect_signal NAME SIG PID: PID, sent SIG, dies of it within 5 s.
+expect_signal() {
+	local name=$1 sig=$2 pid=$3 want
+	want=$((128 + $(kill -l "$sig")))
+	kill -s "$sig" "$pid"
+	ends "$pid" 5 || fail "$name: still running 5 s after SIG$sig (hung)"
+	[ "$rc" -eq "$want" ] || fail "$name: exit status $rc after SIG$sig, expected $want"
+	echo "$name: died of SIG$sig"
+}
+
+case $mode in
+churn)
+	start_server
+	echo "server on port $port (fabric port $((port + offset)))"
+	timeout 90 "$run" --lib "$lib" --stats "$work/client.%p.json" -- "$prog" client "$port" 6 \
+		>"$work/client.log" 2>&1 || fail "the client failed"
+	cat "$work/client.log"
+	stats=$(cat "$work"/client.*.json)
+	echo "client: $stats"
+	n=$(sed -n 's/.*"fabric_connections": *\([0-9]*\).*/\1/p' <<<"$stats")
+	[ "${n:-0}" -ge 200 ] || fail "only ${n:-0} fabric connections"
+	grep -q '"fallback_connections": 0,' <<<"$stats" || fail "connections fell back to TCP"
+	expect_signal server TERM "$server"
+	;;
+signals)
+	# Straight from the environment (no rstream-run): the default actions.
+	for preload in "$lib" "$librstream"; do
+		for sig in INT TERM; do
+			name="$(basename "$preload") SIG$sig"
+			env --default-signal=INT LD_PRELOAD="$preload" "$prog" pause >"$work/pause.log" 2>&1 &
+			pid=$!
+			pids+=("$pid")
+			ready "$work/pause.log" "$pid"
+			expect_signal "$name" "$sig" "$pid"
+		done
+	done
+	# Through rstream-run, an ignored SIGINT stays ignored.
+	env --ignore-signal=INT "$run" --lib "$lib" -- "$prog" pause >"$work/ignored.log" 2>&1 &
+	pid=$!
+	pids+=("$pid")
+	ready "$work/ignored.log" "$pid"
+	kill -INT "$pid"
+	sleep 0.5
+	kill -0 "$pid" 2>/dev/null || fail "an ignored SIGINT ended the program"
+	echo "ignored SIGINT: still running"
+	expect_signal "ignored SIGINT, then" TERM "$pid"
+	# In the middle of connection churn over the fabric.
+	start_server
+	for i in 1 2 3 4; do
+		"$run" --lib "$lib" -- "$prog" client "$port" 60 >"$work/client.log" 2>&1 &
+		pid=$!
+		pids+=("$pid")
+		sleep "1.$((RANDOM % 10))"
+		kill -0 "$pid" 2>/dev/null || fail "client $i ended early"
+		expect_signal "client $i during churn" TERM "$pid"
+	done
+	expect_signal server TERM "$server"
+	;;
+*)
+	echo "usage: $0 churn|signals CHURN_PROG PRELOAD_LIB LIBRSTREAM RSTREAM_RUN" >&2
+	exit 2
+	;;
+esac
+echo PASS
