@@ -73,19 +73,27 @@ int spinUs()
     return v;
 }
 
+namespace {
+
+// The socket, once a background fabric attempt it may have made has settled, unless the kernel
+// fd answers for it.
+std::shared_ptr<HybridSocket> unlessKernel(std::shared_ptr<HybridSocket> s)
+{
+    if (!s)
+        return nullptr;
+    s->settle();
+    return s->mode() == HybridSocket::Mode::Kernel ? nullptr : s;
+}
+
+} // namespace
+
 std::shared_ptr<HybridSocket> engineSocket(int fd, const void *ra)
 {
     if (__builtin_expect(tDepth > 0 || !gSockets.has(fd), 1))
         return nullptr;
     if (internalAddress(ra))
         return nullptr;
-    auto s = gSockets.get(fd);
-    if (!s)
-        return nullptr;
-    s->settle();
-    if (s->mode() == HybridSocket::Mode::Kernel)
-        return nullptr;
-    return s;
+    return unlessKernel(gSockets.get(fd));
 }
 
 std::shared_ptr<Pollable> resolvePollable(int fd)
@@ -99,13 +107,7 @@ std::shared_ptr<Pollable> resolvePollable(int fd)
         }
         return nullptr;
     }
-    auto s = gSockets.get(fd);
-    if (!s)
-        return nullptr;
-    s->settle();
-    if (s->mode() == HybridSocket::Mode::Kernel)
-        return nullptr;
-    return s;
+    return unlessKernel(gSockets.get(fd));
 }
 
 void trackKernelAccept(int listenFd, int fd, bool dual)

@@ -557,11 +557,8 @@ int HybridSocket::accept(sockaddr *addr, socklen_t *len, int flags,
 
 int HybridSocket::connectFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out)
 {
-    gEngineUsed.store(true, std::memory_order_relaxed);
-    auto s = std::make_shared<Socket>(family_);
-    applyOptions(*s);
-    s->setNonblocking(true);
-    int r = s->connect(addr, len);
+    std::shared_ptr<Socket> s;
+    int r = startFabric(addr, len, &s);
     if (r != 0 && r != -EINPROGRESS)
         return r;
     // Bounded: a peer without a fabric listener refuses at once; one that does not answer

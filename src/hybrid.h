@@ -152,13 +152,15 @@ private:
         std::vector<uint8_t> value;
     };
 
+    // Starts a nonblocking fabric connect (0 or -EINPROGRESS with *out set, else -errno);
+    // connectFabric also waits for it, bounded by the connect timeout.
+    int startFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out);
     int connectFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out);
     // The engine socket and the mode, read together.
     std::pair<std::shared_ptr<Socket>, Mode> snapshot();
     std::shared_ptr<Socket> socket();
     int kernelPollNow(int events);
     void countFallbackIfEstablished();
-    int startFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out);
     void settleSlow();
     void adoptFabricLocked(const sockaddr *addr, socklen_t len, int fport);
     int connectKernel(const sockaddr *addr, socklen_t len, bool inet, Fallback why, int port,
