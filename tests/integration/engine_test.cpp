@@ -576,52 +576,147 @@ TEST_P(EngineTest, FewFileDescriptorsPerConnection)
     EXPECT_LE(perConnection, 5);
 }
 
+// A raw libfabric endpoint playing an rstream peer: it says the hello it is given, then sends
+// what a test chooses, so that peers breaking the protocol can be tried.
+class RawPeer
+{
+public:
+    ~RawPeer()
+    {
+        if (ep_)
+            fi_close(&ep_->fid);
+        if (cq_)
+            fi_close(&cq_->fid);
+        if (eq_)
+            fi_close(&eq_->fid);
+        if (domain_)
+            fi_close(&domain_->fid);
+        if (fabric_)
+            fi_close(&fabric_->fid);
+        if (info_)
+            fi_freeinfo(info_);
+    }
+
+    // An enabled endpoint towards port, with a few receives posted for the peer's words.
+    void open(uint16_t port)
+    {
+        fi_info *hints = fi_allocinfo();
+        hints->ep_attr->type = FI_EP_MSG;
+        hints->caps = FI_MSG | FI_RMA;
+        hints->fabric_attr->prov_name = strdup("tcp");
+        std::string service = std::to_string(port);
+        ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", service.c_str(), 0, hints, &info_), 0);
+        fi_freeinfo(hints);
+        ASSERT_EQ(fi_fabric(info_->fabric_attr, &fabric_, nullptr), 0);
+        ASSERT_EQ(fi_domain(fabric_, info_, &domain_, nullptr), 0);
+        fi_eq_attr eattr{};
+        eattr.wait_obj = FI_WAIT_FD;
+        ASSERT_EQ(fi_eq_open(fabric_, &eattr, &eq_, nullptr), 0);
+        ASSERT_EQ(fi_endpoint(domain_, info_, &ep_, nullptr), 0);
+        fi_cq_attr cattr{};
+        cattr.format = FI_CQ_FORMAT_DATA;
+        ASSERT_EQ(fi_cq_open(domain_, &cattr, &cq_, nullptr), 0);
+        ASSERT_EQ(fi_ep_bind(ep_, &eq_->fid, 0), 0);
+        ASSERT_EQ(fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV), 0);
+        ASSERT_EQ(fi_enable(ep_), 0);
+        for (auto &w : words_)
+            ASSERT_EQ(fi_recv(ep_, &w, sizeof(w), nullptr, 0, nullptr), 0);
+    }
+
+    // Sends the hello; the answer comes from event().
+    void hello(const wire::Hello &h)
+    {
+        iwarp_ = h.flags & wire::kFlagIwarp;
+        uint8_t data[wire::kHelloSize];
+        wire::encodeHello(h, data);
+        ASSERT_EQ(fi_connect(ep_, info_->dest_addr, data, sizeof(data)), 0);
+    }
+
+    // The next connection event (FI_CONNECTED...), or -FI_EAVAIL with *err set, within 5 s.
+    ssize_t event(uint32_t *ev, int *err)
+    {
+        alignas(fi_eq_cm_entry) uint8_t buf[sizeof(fi_eq_cm_entry) + 256];
+        ssize_t r = fi_eq_sread(eq_, ev, buf, sizeof(buf), 5000, 0);
+        if (r == -FI_EAVAIL) {
+            fi_eq_err_entry e{};
+            fi_eq_readerr(eq_, &e, 0);
+            *err = e.err;
+        }
+        return r;
+    }
+
+    // A connection with a valid hello for a ring of ringSize bytes.
+    void connect(uint16_t port, bool virtAddr, bool iwarp, uint32_t ringSize)
+    {
+        open(port);
+        wire::Hello h;
+        h.flags =
+            wire::kFlagGrow | (virtAddr ? wire::kFlagVirtAddr : 0) | (iwarp ? wire::kFlagIwarp : 0);
+        h.ringAddr = virtAddr ? 0x10000 : 0;
+        h.ringKey = 1;
+        h.ringSize = ringSize;
+        h.rxSlots = 16;
+        hello(h);
+        uint32_t ev = 0;
+        int err = 0;
+        ASSERT_GT(event(&ev, &err), 0) << fi_strerror(err);
+        ASSERT_EQ(ev, uint32_t(FI_CONNECTED));
+    }
+
+    // A message word, with len bytes of payload as an rstream peer sends it: the payload of a
+    // send with immediate, or in iWarp mode after the word in one send.
+    void send(uint32_t word, const void *payload = nullptr, size_t len = 0)
+    {
+        ASSERT_LE(len, sizeof(msg_) - 4);
+        std::memcpy(msg_, &word, 4);
+        if (len)
+            std::memcpy(msg_ + 4, payload, len);
+        ssize_t r;
+        do {
+            r = iwarp_ ? fi_send(ep_, msg_, 4 + len, nullptr, 0, nullptr)
+                       : fi_senddata(ep_, len ? msg_ + 4 : nullptr, len, nullptr, word, 0, nullptr);
+            progress();
+        } while (r == -FI_EAGAIN);
+        ASSERT_EQ(r, 0);
+    }
+
+    // Manual progress for what was sent.
+    void progress()
+    {
+        fi_cq_data_entry e[8];
+        fi_cq_read(cq_, e, 8);
+    }
+
+private:
+    fi_info *info_ = nullptr;
+    fid_fabric *fabric_ = nullptr;
+    fid_domain *domain_ = nullptr;
+    fid_eq *eq_ = nullptr;
+    fid_cq *cq_ = nullptr;
+    fid_ep *ep_ = nullptr;
+    uint32_t words_[16] = {};
+    uint8_t msg_[64] = {};
+    bool iwarp_ = false;
+};
+
 TEST_P(EngineTest, PeerWithBadHelloIsRejected)
 {
     auto l = listen(settings());
-    fi_info *hints = fi_allocinfo();
-    hints->ep_attr->type = FI_EP_MSG;
-    hints->caps = FI_MSG | FI_RMA;
-    hints->fabric_attr->prov_name = strdup("tcp");
-    fi_info *info = nullptr;
-    std::string port = std::to_string(port_);
-    ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", port.c_str(), 0, hints, &info), 0);
-    fi_freeinfo(hints);
-    fid_fabric *fabric;
-    fid_domain *domain;
-    fid_eq *eq;
-    fid_ep *ep;
-    ASSERT_EQ(fi_fabric(info->fabric_attr, &fabric, nullptr), 0);
-    ASSERT_EQ(fi_domain(fabric, info, &domain, nullptr), 0);
-    fi_eq_attr eattr{};
-    eattr.wait_obj = FI_WAIT_FD;
-    ASSERT_EQ(fi_eq_open(fabric, &eattr, &eq, nullptr), 0);
-    ASSERT_EQ(fi_endpoint(domain, info, &ep, nullptr), 0);
-    fid_cq *cq;
-    fi_cq_attr cattr{};
-    cattr.format = FI_CQ_FORMAT_DATA;
-    ASSERT_EQ(fi_cq_open(domain, &cattr, &cq, nullptr), 0);
-    ASSERT_EQ(fi_ep_bind(ep, &eq->fid, 0), 0);
-    ASSERT_EQ(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), 0);
-    ASSERT_EQ(fi_enable(ep), 0);
+    RawPeer peer;
+    peer.open(port_);
     // A hello from a future protocol version.
     wire::Hello h;
     h.version = wire::kVersion + 1;
     h.ringSize = 4096;
     h.rxSlots = 16;
-    uint8_t data[wire::kHelloSize];
-    wire::encodeHello(h, data);
-    ASSERT_EQ(fi_connect(ep, info->dest_addr, data, sizeof(data)), 0);
+    peer.hello(h);
     std::unique_ptr<Connection> accepted;
     // The listener rejects the request and goes on waiting for a good one.
     std::thread server([&] { EXPECT_EQ(l->accept(&accepted, false, 1000), -ETIMEDOUT); });
-    uint32_t event;
-    alignas(fi_eq_cm_entry) uint8_t buf[sizeof(fi_eq_cm_entry) + 256];
-    ssize_t r = fi_eq_sread(eq, &event, buf, sizeof(buf), 5000, 0);
-    EXPECT_EQ(r, -FI_EAVAIL);
-    fi_eq_err_entry err{};
-    fi_eq_readerr(eq, &err, 0);
-    EXPECT_EQ(err.err, FI_ECONNREFUSED);
+    uint32_t event = 0;
+    int err = 0;
+    EXPECT_EQ(peer.event(&event, &err), -FI_EAVAIL);
+    EXPECT_EQ(err, FI_ECONNREFUSED);
     server.join();
     EXPECT_FALSE(accepted);
     // The listener still serves good peers.
@@ -629,12 +724,6 @@ TEST_P(EngineTest, PeerWithBadHelloIsRejected)
     auto c = connect(settings());
     good.join();
     EXPECT_TRUE(accepted);
-    fi_close(&ep->fid);
-    fi_close(&cq->fid);
-    fi_close(&eq->fid);
-    fi_close(&domain->fid);
-    fi_close(&fabric->fid);
-    fi_freeinfo(info);
 }
 
 // A peer that breaks the riomap rules (window records) is reset; the listener and other
@@ -660,31 +749,8 @@ TEST_P(EngineTest, PeerWithBadWindowRecordsIsReset)
     };
     for (const Case &c : cases) {
         SCOPED_TRACE(c.what);
-        fi_info *hints = fi_allocinfo();
-        hints->ep_attr->type = FI_EP_MSG;
-        hints->caps = FI_MSG | FI_RMA;
-        hints->fabric_attr->prov_name = strdup("tcp");
-        fi_info *info = nullptr;
-        std::string port = std::to_string(port_);
-        ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", port.c_str(), 0, hints, &info), 0);
-        fi_freeinfo(hints);
-        fid_fabric *fabric;
-        fid_domain *domain;
-        fid_eq *eq;
-        fid_ep *ep;
-        fid_cq *cq;
-        ASSERT_EQ(fi_fabric(info->fabric_attr, &fabric, nullptr), 0);
-        ASSERT_EQ(fi_domain(fabric, info, &domain, nullptr), 0);
-        fi_eq_attr eattr{};
-        eattr.wait_obj = FI_WAIT_FD;
-        ASSERT_EQ(fi_eq_open(fabric, &eattr, &eq, nullptr), 0);
-        ASSERT_EQ(fi_endpoint(domain, info, &ep, nullptr), 0);
-        fi_cq_attr cattr{};
-        cattr.format = FI_CQ_FORMAT_DATA;
-        ASSERT_EQ(fi_cq_open(domain, &cattr, &cq, nullptr), 0);
-        ASSERT_EQ(fi_ep_bind(ep, &eq->fid, 0), 0);
-        ASSERT_EQ(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), 0);
-        ASSERT_EQ(fi_enable(ep), 0);
+        RawPeer peer;
+        peer.open(port_);
         wire::Hello h;
         h.flags = iwarp ? wire::kFlagIwarp : 0;
         h.ringSize = 4096;
@@ -695,43 +761,25 @@ TEST_P(EngineTest, PeerWithBadWindowRecordsIsReset)
             h.flags |= wire::kFlagVirtAddr;
             h.ringAddr = 4096;
         }
-        uint8_t data[wire::kHelloSize];
-        wire::encodeHello(h, data);
-        ASSERT_EQ(fi_connect(ep, info->dest_addr, data, sizeof(data)), 0);
+        peer.hello(h);
         std::unique_ptr<Connection> accepted;
         std::thread server([&] { EXPECT_EQ(l->accept(&accepted, false, 5000), 0); });
-        uint32_t event;
-        alignas(fi_eq_cm_entry) uint8_t buf[sizeof(fi_eq_cm_entry) + 256];
-        ssize_t r = fi_eq_sread(eq, &event, buf, sizeof(buf), 5000, 0);
+        uint32_t event = 0;
+        int err = 0;
+        ssize_t r = peer.event(&event, &err);
         server.join();
-        ASSERT_GT(r, 0);
+        ASSERT_GT(r, 0) << fi_strerror(err);
         ASSERT_EQ(event, FI_CONNECTED);
         ASSERT_TRUE(accepted);
-        uint8_t msg[4 + wire::kIoMapRecordSize];
-        uint32_t word = *wire::encodeIoMap(c.id);
-        std::memcpy(msg, &word, 4);
-        wire::encodeIoMapRecord(c.rec, msg + 4);
-        fi_context2 ctx;
-        if (iwarp)
-            r = fi_send(ep, msg, c.withRecord ? sizeof(msg) : 4, nullptr, 0, &ctx);
-        else
-            r = fi_senddata(ep, msg + 4, c.withRecord ? wire::kIoMapRecordSize : 0, nullptr, word,
-                            0, &ctx);
-        ASSERT_EQ(r, 0);
+        uint8_t rec[wire::kIoMapRecordSize];
+        wire::encodeIoMapRecord(c.rec, rec);
+        peer.send(*wire::encodeIoMap(c.id), rec, c.withRecord ? sizeof(rec) : 0);
         uint8_t b;
         ssize_t got = 0;
-        for (int i = 0; i < 100 && (got = accepted->recv(&b, 1, 0, 50)) == -EAGAIN; i++) {
-            fi_cq_data_entry e;
-            fi_cq_read(cq, &e, 1); // progress for our send
-        }
+        for (int i = 0; i < 100 && (got = accepted->recv(&b, 1, 0, 50)) == -EAGAIN; i++)
+            peer.progress(); // for our send
         EXPECT_EQ(got, -ECONNRESET);
         accepted.reset();
-        fi_close(&ep->fid);
-        fi_close(&cq->fid);
-        fi_close(&eq->fid);
-        fi_close(&domain->fid);
-        fi_close(&fabric->fid);
-        fi_freeinfo(info);
     }
     // A well-behaved peer is still served.
     std::unique_ptr<Connection> accepted;
@@ -743,94 +791,6 @@ TEST_P(EngineTest, PeerWithBadWindowRecordsIsReset)
     char x;
     EXPECT_EQ(accepted->recv(&x, 1, 0, 5000), 1);
 }
-
-// A raw libfabric peer that completes the handshake with a valid hello, then sends words of its
-// choosing: whatever an rstream peer could never send must reset the connection.
-class RawPeer
-{
-public:
-    ~RawPeer()
-    {
-        if (ep_)
-            fi_close(&ep_->fid);
-        if (cq_)
-            fi_close(&cq_->fid);
-        if (eq_)
-            fi_close(&eq_->fid);
-        if (domain_)
-            fi_close(&domain_->fid);
-        if (fabric_)
-            fi_close(&fabric_->fid);
-        if (info_)
-            fi_freeinfo(info_);
-    }
-
-    // Connects to port with a hello for a ring of ringSize bytes. iwarp: words travel as 4-byte
-    // sends.
-    void connect(uint16_t port, bool virtAddr, bool iwarp, uint32_t ringSize)
-    {
-        iwarp_ = iwarp;
-        fi_info *hints = fi_allocinfo();
-        hints->ep_attr->type = FI_EP_MSG;
-        hints->caps = FI_MSG | FI_RMA;
-        hints->fabric_attr->prov_name = strdup("tcp");
-        std::string service = std::to_string(port);
-        ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", service.c_str(), 0, hints, &info_), 0);
-        fi_freeinfo(hints);
-        ASSERT_EQ(fi_fabric(info_->fabric_attr, &fabric_, nullptr), 0);
-        ASSERT_EQ(fi_domain(fabric_, info_, &domain_, nullptr), 0);
-        fi_eq_attr eattr{};
-        eattr.wait_obj = FI_WAIT_FD;
-        ASSERT_EQ(fi_eq_open(fabric_, &eattr, &eq_, nullptr), 0);
-        ASSERT_EQ(fi_endpoint(domain_, info_, &ep_, nullptr), 0);
-        fi_cq_attr cattr{};
-        cattr.format = FI_CQ_FORMAT_DATA;
-        ASSERT_EQ(fi_cq_open(domain_, &cattr, &cq_, nullptr), 0);
-        ASSERT_EQ(fi_ep_bind(ep_, &eq_->fid, 0), 0);
-        ASSERT_EQ(fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV), 0);
-        ASSERT_EQ(fi_enable(ep_), 0);
-        for (auto &w : words_)
-            ASSERT_EQ(fi_recv(ep_, &w, sizeof(w), nullptr, 0, nullptr), 0);
-        wire::Hello h;
-        h.flags =
-            wire::kFlagGrow | (virtAddr ? wire::kFlagVirtAddr : 0) | (iwarp ? wire::kFlagIwarp : 0);
-        h.ringAddr = virtAddr ? 0x10000 : 0;
-        h.ringKey = 1;
-        h.ringSize = ringSize;
-        h.rxSlots = 16;
-        uint8_t data[wire::kHelloSize];
-        wire::encodeHello(h, data);
-        ASSERT_EQ(fi_connect(ep_, info_->dest_addr, data, sizeof(data)), 0);
-        uint32_t event = 0;
-        alignas(fi_eq_cm_entry) uint8_t buf[sizeof(fi_eq_cm_entry) + 256];
-        ASSERT_GT(fi_eq_sread(eq_, &event, buf, sizeof(buf), 5000, 0), 0);
-        ASSERT_EQ(event, uint32_t(FI_CONNECTED));
-    }
-
-    void send(uint32_t word)
-    {
-        ssize_t r;
-        do {
-            sendWord_ = word;
-            r = iwarp_ ? fi_send(ep_, &sendWord_, sizeof(sendWord_), nullptr, 0, nullptr)
-                       : fi_senddata(ep_, nullptr, 0, nullptr, word, 0, nullptr);
-            fi_cq_data_entry e[8];
-            fi_cq_read(cq_, e, 8);
-        } while (r == -FI_EAGAIN);
-        ASSERT_EQ(r, 0);
-    }
-
-private:
-    fi_info *info_ = nullptr;
-    fid_fabric *fabric_ = nullptr;
-    fid_domain *domain_ = nullptr;
-    fid_eq *eq_ = nullptr;
-    fid_cq *cq_ = nullptr;
-    fid_ep *ep_ = nullptr;
-    uint32_t words_[16] = {};
-    uint32_t sendWord_ = 0;
-    bool iwarp_ = false;
-};
 
 TEST_P(EngineTest, PeerBreakingTheProtocolIsReset)
 {
