@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <random>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -269,6 +270,56 @@ TEST_P(EngineTest, RingsGrowForBulkTransfersUnlessFixed)
         EXPECT_EQ(c->recv(buf, 2, kWaitAll, 5000), 2);
         EXPECT_EQ(c->info().recvBuf, 32u * 1024);
     }
+}
+
+// Where the address space for growing rings cannot be reserved (strict overcommit, or here an
+// address-space limit), connections still work, with rings of the configured size.
+TEST_P(EngineTest, RingsKeepTheirSizeWhenTheReservationFails)
+{
+    if (GetParam().strict)
+        GTEST_SKIP() << "no growth (FI_MR_ALLOCATED): nothing is reserved";
+    Settings st = settings();
+    st.sendBufMax = st.recvBufMax = Settings::kMaxBuf; // reservations of 256 + 512 MiB
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        // Room for the process as it is and some more, not for the reservations.
+        long pages = 0;
+        FILE *f = std::fopen("/proc/self/statm", "r");
+        if (!f || std::fscanf(f, "%ld", &pages) != 1)
+            _exit(10);
+        std::fclose(f);
+        const rlim_t limit = rlim_t(pages) * sysconf(_SC_PAGESIZE) + (160u << 20);
+        rlimit rl{limit, limit};
+        if (setrlimit(RLIMIT_AS, &rl) != 0)
+            _exit(11);
+        auto l = listen(st);
+        std::unique_ptr<Connection> s;
+        std::thread t([&] { l->accept(&s, false, 10000); });
+        auto c = std::make_unique<Connection>(st);
+        sockaddr_in a = loopback(port_);
+        int r = c->connect(reinterpret_cast<sockaddr *>(&a), sizeof(a));
+        t.join();
+        if (r != 0 || !s)
+            _exit(12);
+        std::vector<uint8_t> out(size_t(8) << 20), in(out.size());
+        for (size_t i = 0; i < out.size(); i++)
+            out[i] = uint8_t(i * 7 + 3);
+        std::thread w([&] { c->send(out.data(), out.size()); });
+        ssize_t got = s->recv(in.data(), in.size(), kWaitAll, 20000);
+        w.join();
+        if (got != ssize_t(in.size()) || in != out)
+            _exit(13);
+        Connection::Info ci = c->info(), si = s->info();
+        if (ci.sendBuf != st.sendBuf || si.recvBuf != st.recvBuf || si.recvGrowths ||
+            ci.sendGrowths)
+            _exit(14);
+        _exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status)) << "signal " << WTERMSIG(status);
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "10/11: setup, 12: connect, 13: data, 14: grew";
 }
 
 TEST_P(EngineTest, SmallMessageStorm)
