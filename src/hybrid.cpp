@@ -865,9 +865,13 @@ int HybridSocket::shutdown(int how)
 
 int HybridSocket::setsockopt(int level, int name, const void *val, socklen_t len)
 {
+    settle();
     std::lock_guard<std::mutex> lock(mutex_);
     Mode m = mode_.load();
-    if (m == Mode::Fabric)
+    // While a fabric attempt is in progress the kernel fd keeps the option too: a fallback
+    // connects it.
+    const bool tentative = tentative_.load(std::memory_order_acquire);
+    if (m == Mode::Fabric && !tentative)
         return sock_->setsockopt(level, name, val, len);
     if (m == Mode::Inherited)
         return -EIO;
@@ -879,7 +883,7 @@ int HybridSocket::setsockopt(int level, int name, const void *val, socklen_t len
         std::memcpy(&tv, val, sizeof(tv));
         rcvTimeoutMs_ = static_cast<int>(tv.tv_sec * 1000 + tv.tv_usec / 1000);
     }
-    if (m == Mode::Listener && sock_) {
+    if ((m == Mode::Listener || m == Mode::Fabric) && sock_) {
         sock_->setsockopt(level, name, val, len);
         return 0;
     }

@@ -105,6 +105,12 @@ int connectNonblocking(int port)
         return 1;
     }
     std::printf("call_ms %lld\n", since() - before);
+    // Set while the connect is in progress: kept whichever path the connection takes.
+    const int one = 1;
+    if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one)) != 0) {
+        std::perror("setsockopt");
+        return 1;
+    }
     pollfd p{fd, POLLOUT, 0};
     if (poll(&p, 1, 10000) != 1 || !(p.revents & POLLOUT)) {
         std::fprintf(stderr, "poll: revents %#x\n", p.revents);
@@ -114,6 +120,12 @@ int connectNonblocking(int port)
     socklen_t len = sizeof(err);
     if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
         std::fprintf(stderr, "SO_ERROR %d\n", err);
+        return 1;
+    }
+    int keep = 0;
+    len = sizeof(keep);
+    if (getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &keep, &len) != 0 || keep != 1) {
+        std::fprintf(stderr, "SO_KEEPALIVE %d after the connect\n", keep);
         return 1;
     }
     if (write(fd, "hello", 5) != 5) {
