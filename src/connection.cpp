@@ -88,6 +88,7 @@ void copyRing(uint8_t *ring, uint64_t ringSize, uint64_t off, const iovec *iov, 
 }
 
 constexpr uint32_t kTxReserve = 2; // queue entries kept for control sends
+constexpr uint64_t kCoalesceMax = 16 * 1024;
 // A receive slot that can take an IOMAP message: in iWarp mode the word and then the record.
 constexpr size_t kRecordMsgBytes = sizeof(uint32_t) + wire::kIoMapRecordSize;
 constexpr size_t kRecordSlotBytes = (kRecordMsgBytes + 7) & ~size_t(7);
@@ -933,10 +934,13 @@ void Connection::flushLocked(bool force)
     const uint32_t opsPerChunk = iwarp_ ? 2 : 1;
     const uint64_t maxChunk =
         std::clamp<uint64_t>(std::min(peer_.ringSize(), tx_.size) / 4, 4096, 256 * 1024);
+    // Small sends coalesce while earlier writes are in flight; the completion flushes them.
+    // A send of kCoalesceMax or more is worth a write of its own at once: holding it back
+    // costs a CQ poll (a system call on tcp) per send, and the copy into the ring gets cold.
+    const uint64_t coalesceBelow = std::min(maxChunk / 2, kCoalesceMax);
     while (tx_.unsent() > 0 && peer_.canSendData() &&
            txNext_ - txHead_ + opsPerChunk + kTxReserve <= txCap_) {
-        // Small sends coalesce while earlier writes are in flight; the completion flushes them.
-        if (!force && writesInFlight_ > 0 && tx_.unsent() < maxChunk / 2)
+        if (!force && writesInFlight_ > 0 && tx_.unsent() < coalesceBelow)
             break;
         uint64_t len = std::min({tx_.unsent(), tx_.toEnd(tx_.posted),
                                  peer_.ringSize() - peer_.written() % peer_.ringSize(),
