@@ -182,7 +182,7 @@ int Connection::bind(const sockaddr *addr, socklen_t len)
 
 int Connection::setup(const fi_info *info)
 {
-    int ret = Domain::get(info, settings_.strict, &domain_);
+    int ret = domain_ ? 0 : Domain::get(info, settings_.strict, &domain_);
     if (ret < 0)
         return ret;
     const ProviderCaps &caps = domain_->caps();
@@ -1709,11 +1709,20 @@ int Connection::peerAddress(sockaddr_storage *addr, socklen_t *len) const
     return 0;
 }
 
-int Connection::startAccept(fi_info *connreq, const wire::Hello &peer)
+int Connection::startAccept(fi_info *connreq, const wire::Hello &peer, bool *rejectable)
 {
     std::lock_guard<std::mutex> lock(mutex_);
     info_ = connreq;
-    int ret = setup(connreq);
+    *rejectable = true;
+    int ret = Domain::get(connreq, settings_.strict, &domain_);
+    if (ret < 0)
+        return ret;
+    // What the peer asks for is checked before the endpoint takes the request over: from then
+    // on the request can no longer be rejected, only dropped with the endpoint.
+    if (bool(peer.flags & wire::kFlagVirtAddr) != domain_->caps().virtAddr)
+        return -EPROTO;
+    *rejectable = false;
+    ret = setup(connreq);
     if (ret < 0)
         return ret;
     if (peer.flags & wire::kFlagIwarp)

@@ -252,7 +252,10 @@ private:
     int registerMemory();
     int registerRegion(void *buf, size_t len, uint64_t access, fid_mr **mr);
     int postReceive(uint32_t index);
-    int startAccept(fi_info *connreq, const wire::Hello &peer);
+    // Answers a connection request; takes connreq. On failure, *rejectable tells whether the
+    // request is still the caller's to fi_reject (else the endpoint took it, and dropping the
+    // connection refuses the peer).
+    int startAccept(fi_info *connreq, const wire::Hello &peer, bool *rejectable);
     int applyPeerHello(const wire::Hello &peer);
     wire::Hello localHello() const;
 

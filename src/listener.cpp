@@ -152,10 +152,12 @@ int Listener::acceptOne(std::unique_ptr<Connection> *out)
             continue;
         }
         auto conn = std::make_unique<Connection>(settings_);
-        r = conn->startAccept(info, peer); // takes info
+        bool rejectable;
+        r = conn->startAccept(info, peer, &rejectable); // takes info
         if (r < 0) {
             RS_LOG(Info, "listener: cannot accept: %s", strerror(-r));
-            fi_reject(pep_, info->handle, nullptr, 0);
+            if (rejectable)
+                fi_reject(pep_, info->handle, nullptr, 0);
             continue;
         }
         *out = std::move(conn);

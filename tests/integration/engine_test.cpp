@@ -777,6 +777,38 @@ TEST_P(EngineTest, PeerWithBadHelloIsRejected)
     EXPECT_TRUE(accepted);
 }
 
+// A peer whose valid hello asks for what this end cannot do (the other addressing mode: virtual
+// addresses against offsets) is refused once its endpoint exists: the request is answered by
+// closing that endpoint, not rejected a second time, and the listener goes on serving.
+TEST_P(EngineTest, PeerWithIncompatibleAddressingIsRefused)
+{
+    Settings server = settings();
+    Settings client = settings();
+    client.strict = !server.strict;
+    client.connectTimeoutMs = 20000; // also under valgrind
+    auto l = listen(server);
+    for (int i = 0; i < 3; i++) {
+        std::unique_ptr<Connection> accepted;
+        std::thread t([&] { EXPECT_EQ(l->accept(&accepted, false, 1000), -ETIMEDOUT); });
+        Connection c(client);
+        sockaddr_in a = loopback(port_);
+        int r = c.connect(reinterpret_cast<sockaddr *>(&a), sizeof(a));
+        EXPECT_EQ(r, -ECONNREFUSED) << strerror(-r);
+        t.join();
+        EXPECT_FALSE(accepted);
+    }
+    std::unique_ptr<Connection> accepted;
+    std::thread good([&] { EXPECT_EQ(l->accept(&accepted, false, 5000), 0); });
+    auto c = connect(settings());
+    good.join();
+    ASSERT_TRUE(accepted);
+    const char msg[] = "still serving";
+    EXPECT_EQ(c->send(msg, sizeof(msg)), ssize_t(sizeof(msg)));
+    char buf[sizeof(msg)] = {};
+    EXPECT_EQ(accepted->recv(buf, sizeof(buf), kWaitAll, 5000), ssize_t(sizeof(msg)));
+    EXPECT_STREQ(buf, msg);
+}
+
 // A peer that breaks the riomap rules (window records) is reset; the listener and other
 // connections do not mind.
 TEST_P(EngineTest, PeerWithBadWindowRecordsIsReset)
