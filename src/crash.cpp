@@ -461,21 +461,6 @@ void onCrash(int sig, siginfo_t *info, void *uctx)
 
 // ---- Installation -------------------------------------------------------------------------------
 
-// Handlers that fabric libraries install for themselves when they load, before us: they are
-// not the program's, and libinfinipath's prints its own trace and exits with status 1, which
-// would hide that the process died of a signal.
-bool isFabricLibraryHandler(const struct sigaction &sa)
-{
-    if (!(sa.sa_flags & SA_SIGINFO) && (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN))
-        return false;
-    void *fn = (sa.sa_flags & SA_SIGINFO) ? reinterpret_cast<void *>(sa.sa_sigaction)
-                                          : reinterpret_cast<void *>(sa.sa_handler);
-    Dl_info info;
-    return dladdr(fn, &info) && info.dli_fname &&
-           (strstr(info.dli_fname, "libinfinipath") || strstr(info.dli_fname, "libpsm") ||
-            strstr(info.dli_fname, "libfabric"));
-}
-
 // Runs libunwind once outside any handler: its lazy setup and the loader's lazy binding of its
 // functions happen now, not in a crashing process.
 __attribute__((noinline)) void warmUp()
@@ -520,6 +505,18 @@ void installAltStack()
 std::atomic<int> gBacktracesLeft{16};
 
 } // namespace
+
+bool isFabricLibraryHandler(const struct sigaction &sa)
+{
+    if (!(sa.sa_flags & SA_SIGINFO) && (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN))
+        return false;
+    void *fn = (sa.sa_flags & SA_SIGINFO) ? reinterpret_cast<void *>(sa.sa_sigaction)
+                                          : reinterpret_cast<void *>(sa.sa_handler);
+    Dl_info info;
+    return dladdr(fn, &info) && info.dli_fname &&
+           (strstr(info.dli_fname, "libinfinipath") || strstr(info.dli_fname, "libpsm") ||
+            strstr(info.dli_fname, "libfabric"));
+}
 
 __attribute__((noinline)) void logBacktrace(int skip)
 {

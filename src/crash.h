@@ -2,6 +2,8 @@
 // Crash reports on SIGSEGV/SIGBUS/SIGABRT/SIGFPE/SIGILL, and RS_CHECK for internal invariants.
 #pragma once
 
+#include <csignal>
+
 namespace rstream {
 
 // Installs the crash handler for the process (once; call from a load-time constructor on the
@@ -21,13 +23,17 @@ void logBacktrace(int skip = 0);
 // An internal invariant does not hold: logs what and where at error level with a backtrace
 // (the first 16 times; none with RSTREAM_BACKTRACE=0) and returns false. See RS_CHECK.
 bool invariantFailed(const char *what, const char *file, int line);
-// Gives SIGINT, SIGTERM and the crash signals their default action back where a fabric library
-// took them for itself when it loaded, before the program ran (libinfinipath, pulled in by
-// libfabric's psm provider, calls exit() from its handler: exit handlers and libfabric's
+// Whether a signal's handler is one that a fabric library installed for itself when it loaded
+// (libinfinipath, pulled in by libfabric's psm provider, or libpsm or libfabric itself): not
+// the program's. libinfinipath's calls exit() from the handler: exit handlers and libfabric's
 // destructor then run on top of the interrupted code, which deadlocks when that code holds a
-// libfabric or malloc lock and lets other threads run on into what is torn down). Also sets
-// IPATH_NO_BACKTRACE=1 so that exec'd children keep the dispositions they inherit, SIG_IGN
-// included. Called at load time by librstream.so and by installCrashHandler().
+// libfabric or malloc lock and lets other threads run on into what is torn down.
+bool isFabricLibraryHandler(const struct sigaction &sa);
+// Sets IPATH_NO_BACKTRACE=1 (unless the program set it), so that libinfinipath takes no signals
+// when libfabric is loaded (fiload.h), in this process or in exec'd children. Where a program
+// linked libfabric itself, so that its libraries were loaded before it ran, gives SIGINT,
+// SIGTERM and the crash signals whose handlers they took their default action back. Called at
+// load time by librstream.so and by installCrashHandler().
 void resetFabricSignalHandlers();
 
 } // namespace rstream

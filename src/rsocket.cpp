@@ -30,8 +30,8 @@ static_assert(SOL_RDMA == kSolRdma && RDMA_SQSIZE == kRdmaSqSize && RDMA_RQSIZE 
 
 namespace {
 
-// libfabric's dependencies may have taken SIGINT and SIGTERM for themselves by now (see
-// resetFabricSignalHandlers): a program using rsockets keeps the signals' usual behaviour.
+// Before libfabric is loaded (on first use, fiload.h), so that its libraries leave SIGINT and
+// SIGTERM to the program (see resetFabricSignalHandlers).
 __attribute__((constructor)) void rsocketInit()
 {
     resetFabricSignalHandlers();

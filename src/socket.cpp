@@ -11,13 +11,13 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <dlfcn.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "crash.h"
 #include "log.h"
 
 namespace rstream {
@@ -186,14 +186,8 @@ bool signalsRestart()
             continue;
         if (sa.sa_flags & SA_RESTART)
             continue;
-        // Handlers a fabric library installed for itself (libinfinipath, loaded with
-        // libfabric's psm provider, takes SIGINT and SIGTERM) are not the program's.
-        Dl_info info;
-        void *fn = (sa.sa_flags & SA_SIGINFO) ? reinterpret_cast<void *>(sa.sa_sigaction)
-                                              : reinterpret_cast<void *>(sa.sa_handler);
-        if (dladdr(fn, &info) && info.dli_fname &&
-            (std::strstr(info.dli_fname, "libinfinipath") ||
-             std::strstr(info.dli_fname, "libpsm") || std::strstr(info.dli_fname, "libfabric")))
+        // Handlers a fabric library installed for itself are not the program's.
+        if (isFabricLibraryHandler(sa))
             continue;
         return false;
     }

@@ -22,3 +22,10 @@ if [ "$actual" != "$expected" ]; then
 	exit 1
 fi
 echo "librstream.so exports the $(echo "$actual" | wc -l) intended symbols"
+# libfabric is loaded on first use (src/fiload.cpp), not with the library.
+if readelf -d "$lib" | grep -q 'NEEDED.*libfabric'; then
+	echo "librstream.so depends on libfabric: it would be loaded with the program (and its"
+	echo "libraries' constructors would run before ours)"
+	exit 1
+fi
+echo "librstream.so does not depend on libfabric"

@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: MIT
+// libfabric, loaded on first use rather than with the program.
+//
+// libfabric brings its providers' libraries with it, and on Debian one of them, libinfinipath,
+// sleeps about 0.2 s in its constructor and takes SIGINT, SIGTERM and the fault signals for
+// itself. Linked as a dependency it would do so in every program the shim is preloaded into,
+// before the shim's own constructor could look at the signals the program was started with
+// (a signal ignored at exec came back with its default action). So neither librstream.so nor
+// the shim depends on libfabric: the five functions the engine calls by symbol (everything
+// else in libfabric's API goes through the objects' operation tables) are defined here and
+// load libfabric the first time one of them is called, which is when a fabric socket is
+// first made. By then the constructors have set IPATH_NO_BACKTRACE, so libinfinipath leaves
+// the signals alone; a handler that a fabric library installs anyway is replaced by what the
+// signal had just before.
+
+#include "fiload.h"
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <dlfcn.h>
+#include <mutex>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_errno.h>
+
+#include "crash.h"
+#include "log.h"
+
+namespace rstream {
+
+namespace {
+
+// The versions of the symbols a program built against these headers binds to: the layouts of
+// struct fi_info and its attributes that the headers describe.
+struct Api
+{
+    decltype(&::fi_getinfo) getinfo = nullptr;
+    decltype(&::fi_freeinfo) freeinfo = nullptr;
+    decltype(&::fi_dupinfo) dupinfo = nullptr;
+    decltype(&::fi_fabric) fabric = nullptr;
+    decltype(&::fi_strerror) strerror = nullptr;
+};
+
+constexpr const char *kLibrary = "libfabric.so.1";
+constexpr int kSignals[] = {SIGINT, SIGTERM, SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL};
+
+std::once_flag gOnce;
+Api gApi;
+bool gLoaded = false;
+
+template <typename F>
+bool bind(void *lib, const char *name, const char *version, F *out)
+{
+    void *sym = dlvsym(lib, name, version);
+    if (!sym) {
+        RS_LOG(Error, "%s has no %s@%s: the fabric is not used", kLibrary, name, version);
+        return false;
+    }
+    *out = reinterpret_cast<F>(sym);
+    return true;
+}
+
+void load()
+{
+    struct sigaction before[std::size(kSignals)];
+    for (size_t i = 0; i < std::size(kSignals); i++)
+        sigaction(kSignals[i], nullptr, &before[i]);
+    void *lib = dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+    if (!lib) {
+        const char *why = dlerror();
+        RS_LOG(Error, "cannot load %s (%s): the fabric is not used", kLibrary, why ? why : "?");
+        return;
+    }
+    for (size_t i = 0; i < std::size(kSignals); i++) {
+        struct sigaction now;
+        if (sigaction(kSignals[i], nullptr, &now) == 0 && isFabricLibraryHandler(now)) {
+            sigaction(kSignals[i], &before[i], nullptr);
+            RS_LOG(Debug, "signal %d: a fabric library's handler replaced by the one before it",
+                   kSignals[i]);
+        }
+    }
+    // Structures laid out as these headers say need a library at least as new.
+    decltype(&::fi_version) version = nullptr;
+    if (!bind(lib, "fi_version", "FABRIC_1.0", &version))
+        return;
+    const uint32_t v = version();
+    if (v < FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION)) {
+        RS_LOG(Error,
+               "%s is version %u.%u, older than the %u.%u rstream was built with: the "
+               "fabric is not used",
+               kLibrary, FI_MAJOR(v), FI_MINOR(v), FI_MAJOR_VERSION, FI_MINOR_VERSION);
+        return;
+    }
+    Api a;
+    if (bind(lib, "fi_getinfo", "FABRIC_1.3", &a.getinfo) &&
+        bind(lib, "fi_freeinfo", "FABRIC_1.3", &a.freeinfo) &&
+        bind(lib, "fi_dupinfo", "FABRIC_1.3", &a.dupinfo) &&
+        bind(lib, "fi_fabric", "FABRIC_1.1", &a.fabric) &&
+        bind(lib, "fi_strerror", "FABRIC_1.0", &a.strerror)) {
+        gApi = a;
+        gLoaded = true;
+        RS_LOG(Debug, "%s %u.%u loaded", kLibrary, FI_MAJOR(v), FI_MINOR(v));
+    }
+}
+
+const Api *api()
+{
+    std::call_once(gOnce, load);
+    return gLoaded ? &gApi : nullptr;
+}
+
+} // namespace
+
+bool fabricLoaded()
+{
+    return api() != nullptr;
+}
+
+} // namespace rstream
+
+using rstream::api;
+
+extern "C" {
+
+int fi_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,
+               const struct fi_info *hints, struct fi_info **info)
+{
+    const auto *a = api();
+    return a ? a->getinfo(version, node, service, flags, hints, info) : -FI_ENOSYS;
+}
+
+void fi_freeinfo(struct fi_info *info)
+{
+    // Anything to free came from libfabric, which is loaded then.
+    if (const auto *a = info ? api() : nullptr)
+        a->freeinfo(info);
+}
+
+struct fi_info *fi_dupinfo(const struct fi_info *info)
+{
+    const auto *a = api();
+    if (!a) {
+        errno = ENOSYS;
+        return nullptr;
+    }
+    return a->dupinfo(info);
+}
+
+int fi_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context)
+{
+    const auto *a = api();
+    return a ? a->fabric(attr, fabric, context) : -FI_ENOSYS;
+}
+
+const char *fi_strerror(int errnum)
+{
+    const auto *a = api();
+    return a ? a->strerror(errnum) : strerror(errnum);
+}
+
+} // extern "C"
