@@ -137,16 +137,29 @@ signals)
 			expect_signal "$name" "$sig" "$pid"
 		done
 	done
-	# Through rstream-run, an ignored SIGINT stays ignored.
-	env --ignore-signal=INT "$run" --lib "$lib" -- "$prog" pause >"$work/ignored.log" 2>&1 &
-	pid=$!
-	pids+=("$pid")
-	ready "$work/ignored.log" "$pid"
-	kill -INT "$pid"
-	sleep 0.5
-	kill -0 "$pid" 2>/dev/null || fail "an ignored SIGINT ended the program"
-	echo "ignored SIGINT: still running"
-	expect_signal "ignored SIGINT, then" TERM "$pid"
+	# An ignored SIGINT stays ignored, through rstream-run and straight from the environment,
+	# once libfabric is loaded too (the program listens under the shim).
+	for how in rstream-run LD_PRELOAD; do
+		if [ "$how" = rstream-run ]; then
+			env --ignore-signal=INT "$run" --lib "$lib" -- "$prog" pause >"$work/ignored.log" 2>&1 &
+		else
+			env --ignore-signal=INT LD_PRELOAD="$lib" "$prog" pause >"$work/ignored.log" 2>&1 &
+		fi
+		pid=$!
+		pids+=("$pid")
+		ready "$work/ignored.log" "$pid"
+		grep -q libfabric "/proc/$pid/maps" || fail "$how: libfabric is not loaded after listen()"
+		kill -INT "$pid"
+		sleep 0.5
+		kill -0 "$pid" 2>/dev/null || fail "$how: an ignored SIGINT ended the program"
+		echo "$how, ignored SIGINT: still running"
+		expect_signal "$how, ignored SIGINT, then" TERM "$pid"
+	done
+	# A program that makes no socket does not load libfabric (nor wait for its libraries).
+	maps=$(LD_PRELOAD="$lib" cat /proc/self/maps)
+	grep -q librstream_preload <<<"$maps" || fail "the shim is not loaded into cat"
+	! grep -q libfabric <<<"$maps" || fail "libfabric is loaded into a program without sockets"
+	echo "no sockets: libfabric not loaded"
 	# In the middle of connection churn over the fabric.
 	start_server
 	for i in 1 2 3 4; do

@@ -5,7 +5,8 @@
 //
 //   churn_prog server PORT PORTFILE  echo server on 127.0.0.1:PORT (0: any); writes the port
 //   churn_prog client PORT SECONDS   clients against it; fails on a wrong reply or a stall
-//   churn_prog pause                 prints "ready" once running (libraries loaded), then waits
+//   churn_prog pause                 listens on 127.0.0.1 (under the shim this loads libfabric),
+//                                    prints "ready", then waits
 
 #include <arpa/inet.h>
 #include <cerrno>
@@ -300,6 +301,15 @@ int main(int argc, char **argv)
     if (argc == 4 && std::strcmp(argv[1], "server") == 0)
         return server(std::atoi(argv[2]), argv[3]);
     if (argc == 2 && std::strcmp(argv[1], "pause") == 0) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (fd < 0 || bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) < 0 ||
+            listen(fd, 1) < 0) {
+            std::perror("churn_prog: listen");
+            return 1;
+        }
         std::printf("ready\n");
         std::fflush(stdout);
         sleep(60);
