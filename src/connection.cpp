@@ -916,7 +916,7 @@ bool Connection::flushRecordsLocked()
     return true;
 }
 
-void Connection::flushLocked(bool force)
+void Connection::flushLocked(bool force, bool uncork)
 {
     if (state_ != State::Connected || error_ || closed_)
         return;
@@ -938,8 +938,21 @@ void Connection::flushLocked(bool force)
     // A send of kCoalesceMax or more is worth a write of its own at once: holding it back
     // costs a CQ poll (a system call on tcp) per send, and the copy into the ring gets cold.
     const uint64_t coalesceBelow = std::min(maxChunk / 2, kCoalesceMax);
+    // TCP_CORK and MSG_MORE: full writes only, until the data has waited kCorkMaxNs.
+    bool corked = (cork_ || more_) && !uncork && !closing_ && !shutWr_;
+    if (corked && corkSinceNs_ && nowNs() - corkSinceNs_ >= kCorkMaxNs)
+        corked = false;
+    corkHeld_ = false;
     while (tx_.unsent() > 0 && peer_.canSendData() &&
            txNext_ - txHead_ + opsPerChunk + kTxReserve <= txCap_) {
+        if (corked && tx_.unsent() < maxChunk) {
+            corkHeld_ = true;
+            if (!corkSinceNs_) {
+                corkSinceNs_ = nowNs();
+                ProgressThread::instance().schedule(this, corkSinceNs_ + kCorkMaxNs);
+            }
+            break;
+        }
         if (!force && writesInFlight_ > 0 && tx_.unsent() < coalesceBelow)
             break;
         uint64_t len = std::min({tx_.unsent(), tx_.toEnd(tx_.posted),
@@ -1007,6 +1020,8 @@ void Connection::flushLocked(bool force)
             onTxCompleteLocked(&op);
         }
     }
+    if (tx_.unsent() == 0)
+        corkSinceNs_ = 0;
     if (tx_.unsent() == 0) {
         if (closing_ && !disconnectSent_) {
             if (sendWordLocked(wire::encodeCtrl(wire::Ctrl::Disconnect)) == 0)
@@ -1152,8 +1167,9 @@ bool Connection::needsBackgroundLocked() const
         return true;
     if (error_ || closed_ || state_ != State::Connected)
         return closing_ && !closed_;
-    return tx_.unsent() > 0 || tx_.inFlight() > 0 || txNext_ != txHead_ || local_.due() ||
-           injectPending_ || (shutWr_ && !shutWrSent_) || closing_ || kaAckOwed_ ||
+    // Data held for the cork waits for its timer, not for the progress thread's rounds.
+    return (tx_.unsent() > 0 && !corkHeld_) || tx_.inFlight() > 0 || txNext_ != txHead_ ||
+           local_.due() || injectPending_ || (shutWr_ && !shutWrSent_) || closing_ || kaAckOwed_ ||
            !recordQueue_.empty();
 }
 
@@ -1480,6 +1496,13 @@ ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs
         bool drain = false;
         {
             std::lock_guard<std::mutex> lock(mutex_);
+            // A send without MSG_MORE takes what earlier ones held back with it.
+            const bool more = flags & kMore;
+            if (more_ != more) {
+                more_ = more;
+                if (!more)
+                    flushLocked(false);
+            }
             maybeGrowSendLocked();
             // With room for all of it already, progress can wait for the flush and the next
             // call: a ping-pong saves a CQ poll (a system call on tcp) per message.
@@ -1521,7 +1544,7 @@ ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs
             flushLocked(false);
             // Held back to coalesce behind writes in flight: reap their completions now, as
             // the application may not call again soon.
-            if (tx_.unsent() > 0)
+            if (tx_.unsent() > 0 && !corkHeld_)
                 progressLocked();
             watch();
         }
@@ -1629,6 +1652,18 @@ int Connection::shutdown(int how)
     }
     wakeSleepersLocked();
     return 0;
+}
+
+void Connection::setCork(bool on)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (cork_ == on)
+        return;
+    cork_ = on;
+    if (!on) {
+        flushLocked(false);
+        watch();
+    }
 }
 
 void Connection::close(std::unique_ptr<Connection> conn)
@@ -1892,9 +1927,10 @@ ssize_t Connection::writeWindow(const void *buf, size_t len, off_t offset, int f
         {
             std::lock_guard<std::mutex> lock(mutex_);
             progressLocked();
-            // Stream data held back to coalesce goes now: the write must follow it.
+            // Stream data held back to coalesce or for the cork goes now: the write must
+            // follow it.
             if (tx_.unsent() > 0 || !recordQueue_.empty())
-                flushLocked(true);
+                flushLocked(true, true);
             ssize_t space = peekSendLocked();
             if (space < 0)
                 return done ? static_cast<ssize_t>(done) : space;

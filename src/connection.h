@@ -35,6 +35,7 @@ enum IoFlags : int
     kNonBlock = 1 << 0, // return -EAGAIN instead of waiting
     kPeek = 1 << 1,     // recv: copy without consuming
     kWaitAll = 1 << 2,  // recv: wait for the whole length (or EOF/error)
+    kMore = 1 << 3,     // send: more data follows (MSG_MORE), so a partial write waits
 };
 
 // Events for wait().
@@ -123,6 +124,12 @@ public:
     // (space, connection), for edge-triggered epoll.
     uint64_t rxEventCount() const { return rxEvents_.load(std::memory_order_relaxed); }
     uint64_t txEventCount() const { return txEvents_.load(std::memory_order_relaxed); }
+
+    // TCP_CORK: while on, only full writes go out; what is left waits until the cork comes off,
+    // a close or shutdown(SHUT_WR), or kCorkMaxNs, as Linux holds partial frames. A send with
+    // kMore holds its data the same way until a send without it.
+    void setCork(bool on);
+    static constexpr int64_t kCorkMaxNs = 200'000'000;
 
     // SO_KEEPALIVE with TCP_KEEPIDLE, TCP_KEEPINTVL and TCP_KEEPCNT in one call: once nothing
     // has arrived for idleSec seconds, a probe goes every intervalSec seconds; the peer's engine
@@ -272,7 +279,9 @@ private:
     bool overlapsLocalWindowLocked(uint64_t offset, uint64_t len) const;
     void releaseWindowsLocked();
     void onTxCompleteLocked(TxOp *op);
-    void flushLocked(bool force);
+    // force: nothing waits to coalesce behind writes in flight. uncork: corked data goes too
+    // (a riowrite must follow it).
+    void flushLocked(bool force, bool uncork = false);
     // Ring growth. Receiver: asks the peer to move to a bigger ring when it ran out of credit
     // while the application reads in bulk. Sender: the send ring grows, once empty, when it is
     // what holds the application back.
@@ -341,8 +350,12 @@ private:
     bool shutWrSent_ = false;
     bool disconnectSent_ = false;
     bool shutRd_ = false;
-    bool closing_ = false; // close(): disconnect once the data is delivered
-    bool closed_ = false;  // disconnect sent, endpoint shut down
+    bool closing_ = false;    // close(): disconnect once the data is delivered
+    bool closed_ = false;     // disconnect sent, endpoint shut down
+    bool cork_ = false;       // TCP_CORK
+    bool more_ = false;       // the last send had kMore
+    bool corkHeld_ = false;   // the last flush left partial data for the cork
+    int64_t corkSinceNs_ = 0; // when corked data began to wait (0: none)
     int64_t connectDeadlineNs_ = 0;
     int64_t connectStartNs_ = 0;
     uint32_t rttUs_ = 0;

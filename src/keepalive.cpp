@@ -9,6 +9,7 @@
 // without closing its sockets, answers nothing; a peer process that dies is reported earlier by
 // the provider (FI_SHUTDOWN).
 
+#include <algorithm>
 #include <cerrno>
 #include <ctime>
 
@@ -102,6 +103,9 @@ int64_t Connection::timerTick(int64_t now, bool *watch)
         return now + 1000000; // the application is in a call: look again shortly
     progressLocked();
     int64_t next = keepaliveLocked(now);
+    // Data still held for the cork (the flush found no credit at its deadline, or it came early).
+    if (corkHeld_ && corkSinceNs_ && (!next || corkSinceNs_ + kCorkMaxNs < next))
+        next = std::max(now + 1000000, corkSinceNs_ + kCorkMaxNs);
     wakeSleepersLocked();
     if (!watched_ && needsBackgroundLocked()) {
         watched_ = true;

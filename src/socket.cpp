@@ -432,10 +432,14 @@ int Socket::accept(std::shared_ptr<Socket> *out, sockaddr *addr, socklen_t *len)
         s->sndBufReq_ = sndBufReq_;
         s->rcvBufReq_ = rcvBufReq_;
         s->sendRing_ = static_cast<uint32_t>(conn->settings().sendBuf);
+        auto cork = generic_.find({IPPROTO_TCP, TCP_CORK});
+        if (cork != generic_.end())
+            s->generic_[cork->first] = cork->second;
     }
     s->conn_ = std::shared_ptr<Connection>(conn.release(), ConnectionCloser{});
     s->state_ = State::Connected;
     s->applyKeepaliveLocked();
+    s->applyCorkLocked();
     if (addr && len) {
         sockaddr_storage peer{};
         socklen_t plen = sizeof(peer);
@@ -522,6 +526,7 @@ int Socket::connect(const sockaddr *addr, socklen_t len)
         sendRing_ = static_cast<uint32_t>(s.sendBuf);
         conn_ = c;
         applyKeepaliveLocked();
+        applyCorkLocked();
         setStateLocked(ret == 0 ? State::Connected : State::Connecting);
         connectPending_ = ret == -EINPROGRESS && nonblocking();
         if (state_ == State::Connected || nonblocking())
@@ -554,6 +559,13 @@ void Socket::applyKeepaliveLocked()
         conn_->setKeepalive(keepalive_, keepIdle_, keepIntvl_, keepCnt_);
         keepaliveApplied_ = keepalive_;
     }
+}
+
+void Socket::applyCorkLocked()
+{
+    auto it = generic_.find({IPPROTO_TCP, TCP_CORK});
+    if (conn_ && it != generic_.end())
+        conn_->setCork(it->second != 0);
 }
 
 int Socket::reportError(int err)
@@ -590,9 +602,10 @@ ssize_t Socket::send(const iovec *iov, int iovcnt, int flags)
             return -EPIPE;
     }
     int f = (nonblocking() || (flags & MSG_DONTWAIT)) ? kNonBlock : 0;
+    const int more = (flags & MSG_MORE) ? kMore : 0;
     ssize_t r;
     do {
-        r = conn->sendv(iov, iovcnt, f, f ? 0 : timeout);
+        r = conn->sendv(iov, iovcnt, f | more, f ? 0 : timeout);
     } while (r == -EINTR && timeout < 0 && signalsRestart());
     if (r == -ENOTCONN)
         r = -EAGAIN; // still connecting, nonblocking
@@ -877,6 +890,9 @@ int Socket::setsockopt(int level, int name, const void *val, socklen_t len)
             applyKeepaliveLocked();
             return 0;
         case TCP_CORK:
+            generic_[{level, name}] = v != 0;
+            applyCorkLocked();
+            return 0;
         case TCP_QUICKACK:
         case TCP_USER_TIMEOUT:
         case TCP_DEFER_ACCEPT:
@@ -1035,6 +1051,10 @@ int Socket::getsockopt(int level, int name, void *val, socklen_t *len)
                 if (maxSeg_)
                     mss = std::min(mss, maxSeg_);
                 return getValue(mss, val, len);
+            }
+            case TCP_CORK: {
+                auto it = generic_.find({level, name});
+                return getValue(it == generic_.end() ? 0 : it->second, val, len);
             }
             case TCP_KEEPIDLE:
                 return getValue(keepIdle_, val, len);

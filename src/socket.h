@@ -133,6 +133,8 @@ private:
     void refreshConnectLocked();
     void releaseProbe();
     void applyKeepaliveLocked();
+    // TCP_CORK, as set, to the connection.
+    void applyCorkLocked();
     void setStateLocked(State s)
     {
         state_ = s;
