@@ -1005,6 +1005,94 @@ TEST_P(Semantics, NoDelay)
     EXPECT_EQ(getInt(c, IPPROTO_TCP, TCP_NODELAY), 0);
 }
 
+// TCP_CORK holds what does not fill a segment until the cork comes off, or for 200 ms at most;
+// the option is inherited by accepted sockets.
+TEST_P(Semantics, CorkHoldsPartialDataUntilUncorked)
+{
+    auto [c, s] = connectedPair();
+    EXPECT_EQ(getInt(c, IPPROTO_TCP, TCP_CORK), 0);
+    ASSERT_EQ(setInt(c, IPPROTO_TCP, TCP_CORK, 5), 0);
+    EXPECT_EQ(getInt(c, IPPROTO_TCP, TCP_CORK), 1);
+    ASSERT_EQ(b->send(c, "abc", 3, 0), 3);
+    ASSERT_EQ(b->send(c, "de", 2, 0), 2);
+    EXPECT_EQ(pollOne(s, POLLIN, 50), 0) << "corked data arrived at once";
+    ASSERT_EQ(setInt(c, IPPROTO_TCP, TCP_CORK, 0), 0);
+    EXPECT_EQ(pollOne(s, POLLIN, 1000), POLLIN);
+    char buf[8] = {};
+    EXPECT_EQ(b->recv(s, buf, sizeof(buf), MSG_WAITALL | MSG_DONTWAIT), 5);
+    EXPECT_STREQ(buf, "abcde");
+}
+
+TEST_P(Semantics, CorkedDataGoesAfterTwoHundredMilliseconds)
+{
+    auto [c, s] = connectedPair();
+    ASSERT_EQ(setInt(c, IPPROTO_TCP, TCP_CORK, 1), 0);
+    auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(b->send(c, "x", 1, 0), 1);
+    EXPECT_EQ(pollOne(s, POLLIN, 2000), POLLIN);
+    int64_t ms = msSince(t0);
+    EXPECT_GE(ms, 150) << "corked data went out early";
+    EXPECT_LT(ms, 1000) << "corked data waited past the 200 ms ceiling";
+    char ch = 0;
+    EXPECT_EQ(b->recv(s, &ch, 1, 0), 1);
+    EXPECT_EQ(ch, 'x');
+}
+
+TEST_P(Semantics, CorkIsInheritedAndLetsFullDataGo)
+{
+    uint16_t port;
+    int l = newListener(AF_INET, &port);
+    ASSERT_EQ(setInt(l, IPPROTO_TCP, TCP_CORK, 1), 0);
+    int c = newSocket();
+    auto a = loopback4(port);
+    int s = connectAccept(l, c, reinterpret_cast<sockaddr *>(&a), sizeof(a));
+    ASSERT_GE(s, 0);
+    EXPECT_EQ(getInt(s, IPPROTO_TCP, TCP_CORK), 1);
+    EXPECT_EQ(getInt(c, IPPROTO_TCP, TCP_CORK), 0);
+    // Much more than a segment, corked: the full segments leave at once.
+    std::vector<char> big(1 << 20, 'y');
+    ASSERT_GT(b->send(s, big.data(), big.size(), MSG_DONTWAIT), 0) << strerror(errno);
+    std::vector<char> got(big.size());
+    auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(pollOne(c, POLLIN, 1000), POLLIN);
+    EXPECT_LT(msSince(t0), 150) << "full segments waited for the cork";
+    ssize_t n = b->recv(c, got.data(), got.size(), MSG_DONTWAIT);
+    EXPECT_GT(n, 0);
+}
+
+// MSG_MORE holds a send's data as TCP_CORK does, until a send without it.
+TEST_P(Semantics, MsgMoreHoldsUntilASendWithoutIt)
+{
+    auto [c, s] = connectedPair();
+    ASSERT_EQ(b->send(c, "head", 4, MSG_MORE), 4);
+    EXPECT_EQ(pollOne(s, POLLIN, 50), 0) << "MSG_MORE data arrived at once";
+    ASSERT_EQ(b->send(c, "+body", 5, 0), 5);
+    EXPECT_EQ(pollOne(s, POLLIN, 1000), POLLIN);
+    char buf[16] = {};
+    EXPECT_EQ(b->recv(s, buf, 9, MSG_WAITALL), 9);
+    EXPECT_STREQ(buf, "head+body");
+    // Alone, it waits 200 ms at most.
+    auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(b->send(c, "z", 1, MSG_MORE), 1);
+    EXPECT_EQ(pollOne(s, POLLIN, 2000), POLLIN);
+    EXPECT_GE(msSince(t0), 150);
+    EXPECT_LT(msSince(t0), 1000);
+}
+
+// Closing, or shutting down the write side, sends what the cork held.
+TEST_P(Semantics, ShutdownSendsCorkedData)
+{
+    auto [c, s] = connectedPair();
+    ASSERT_EQ(setInt(c, IPPROTO_TCP, TCP_CORK, 1), 0);
+    ASSERT_EQ(b->send(c, "bye", 3, 0), 3);
+    auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(b->shutdown(c, SHUT_WR), 0);
+    char buf[8] = {};
+    EXPECT_EQ(b->recv(s, buf, sizeof(buf), MSG_WAITALL), 3);
+    EXPECT_LT(msSince(t0), 150) << "shutdown waited for the cork";
+    EXPECT_STREQ(buf, "bye");
+}
+
 TEST_P(Semantics, MaxSegIsPositive)
 {
     auto [c, s] = connectedPair();
