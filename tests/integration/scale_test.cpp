@@ -2,10 +2,13 @@
 // Many connections in one process: file descriptors and memory per connection, the time to
 // open, use and close them, and that idle connections cost the progress thread nothing.
 //
-// Both ends live in this process, so every connection counts twice (a client and a server
-// endpoint). RSTREAM_SCALE_CONNECTIONS (default 2000) and RSTREAM_SCALE_BUF (ring bytes per
-// direction, default 4k) and RSTREAM_SCALE_QUEUE (queue entries, default 384) size the run;
-// scripts/scale-test runs 10,000 with the default rings.
+// ManyConnectionsInOneProcess keeps both ends in this process, so every connection counts twice
+// (a client and a server endpoint). ServerEndpointsInOneProcess keeps the server ends only, the
+// clients being in a child process, so that one process holds as many connections as its
+// descriptor limit allows. RSTREAM_SCALE_CONNECTIONS (default 2000),
+// RSTREAM_SCALE_SERVER_CONNECTIONS (default 1000), RSTREAM_SCALE_BUF (ring bytes per direction,
+// default 4k) and RSTREAM_SCALE_QUEUE (queue entries, default 384) size the runs;
+// scripts/scale-test runs them with the default rings.
 
 #include <arpa/inet.h>
 #include <chrono>
@@ -15,6 +18,7 @@
 #include <dirent.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
 #include <vector>
@@ -217,5 +221,118 @@ TEST(Scale, ManyConnectionsInOneProcess)
     RecordProperty("idle_cpu_ms_per_s", static_cast<int>(idleCpuMs));
     // Measured on tcp: 4 fds per endpoint (socket, wait set epoll fd and its signal pair).
     EXPECT_LE(fdsPerEndpoint, 4.05);
+    EXPECT_LT(idleCpuMs, 50.0);
+}
+
+// The server ends of n connections in this process, their clients in a child: what one process
+// holds when its peers are elsewhere, as a server's are.
+TEST(Scale, ServerEndpointsInOneProcess)
+{
+    const int n = static_cast<int>(envLong("RSTREAM_SCALE_SERVER_CONNECTIONS", 1000));
+    const size_t buf = static_cast<size_t>(envLong("RSTREAM_SCALE_BUF", 4096));
+    rlimit rl{};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+
+    Settings s;
+    s.provider = "tcp";
+    ASSERT_EQ(s.setSendBuf(buf), 0);
+    ASSERT_EQ(s.setRecvBuf(buf), 0);
+    if (long q = envLong("RSTREAM_SCALE_QUEUE", 0)) {
+        ASSERT_EQ(s.setTxSize(q), 0);
+        ASSERT_EQ(s.setRxSize(q), 0);
+    }
+    Listener l(s);
+    sockaddr_in a = loopback(0);
+    ASSERT_EQ(l.bind(reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
+    ASSERT_EQ(l.listen(4096), 0);
+    sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    ASSERT_EQ(l.localAddress(&ss, &len), 0);
+    a = loopback(ntohs(reinterpret_cast<sockaddr_in *>(&ss)->sin_port));
+    const int fds0 = countFds();
+    const long rss0 = rssKiB();
+    if (long(rl.rlim_cur) < fds0 + 4L * n + 64)
+        GTEST_SKIP() << "RLIMIT_NOFILE " << rl.rlim_cur << " is too low for " << n
+                     << " connections";
+
+    // The child connects them all, sends a word on each and reads its echo, says so, and
+    // waits to be told to go.
+    int toParent[2], toChild[2];
+    ASSERT_EQ(pipe(toParent), 0);
+    ASSERT_EQ(pipe(toChild), 0);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        close(toParent[0]);
+        close(toChild[1]);
+        int rc = 0;
+        {
+            std::vector<std::unique_ptr<Connection>> clients(n);
+            for (int i = 0; i < n && !rc; i++) {
+                clients[i] = std::make_unique<Connection>(s);
+                if (clients[i]->connect(reinterpret_cast<sockaddr *>(&a), sizeof(a)) != 0)
+                    rc = 2;
+            }
+            for (int i = 0; i < n && !rc; i++) {
+                uint32_t v = i;
+                if (clients[i]->send(&v, 4) != 4)
+                    rc = 3;
+            }
+            for (int i = 0; i < n && !rc; i++) {
+                uint32_t v = ~0u;
+                if (clients[i]->recv(&v, 4, kWaitAll, 30000) != 4 || v != uint32_t(i))
+                    rc = 4;
+            }
+            char c = rc ? 'f' : 'd';
+            if (write(toParent[1], &c, 1) != 1 || read(toChild[0], &c, 1) != 1)
+                rc = rc ? rc : 5;
+        }
+        _exit(rc);
+    }
+    close(toParent[1]);
+    close(toChild[0]);
+
+    auto t0 = Clock::now();
+    std::vector<std::unique_ptr<Connection>> servers(n);
+    for (int i = 0; i < n; i++) {
+        int r = l.accept(&servers[i], false, 30000);
+        ASSERT_EQ(r, 0) << "accept " << i << ": " << strerror(-r);
+    }
+    const double acceptSec = secondsSince(t0);
+    const int fds1 = countFds();
+    const long rss1 = rssKiB();
+    // Echo each word: the child checks that every connection got its own back.
+    for (int i = 0; i < n; i++) {
+        uint32_t v = 0;
+        ASSERT_EQ(servers[i]->recv(&v, 4, kWaitAll, 30000), 4) << i;
+        ASSERT_EQ(servers[i]->send(&v, 4), 4) << i;
+    }
+    char c = 0;
+    ASSERT_EQ(read(toParent[0], &c, 1), 1);
+    EXPECT_EQ(c, 'd') << "the child's connections failed";
+    usleep(300 * 1000);
+    const double cpu0 = cpuSeconds();
+    usleep(1000 * 1000);
+    const double idleCpuMs = (cpuSeconds() - cpu0) * 1000;
+    c = 'x';
+    EXPECT_EQ(write(toChild[1], &c, 1), 1);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+    servers.clear();
+    close(toParent[0]);
+    close(toChild[1]);
+
+    const double fdsPerConnection = double(fds1 - fds0) / n;
+    printf("scale: %d server endpoints in one process (clients in another), rings %zu B\n", n,
+           buf);
+    printf("scale: accepted in %.2f s (%.0f/s); %.2f fds per connection, %d fds in all (limit "
+           "%ld); %.1f KiB RSS per connection; idle CPU %.1f ms/s\n",
+           acceptSec, n / acceptSec, fdsPerConnection, fds1, long(rl.rlim_cur),
+           double(rss1 - rss0) / n, idleCpuMs);
+    RecordProperty("server_connections", n);
+    EXPECT_LE(fdsPerConnection, 4.05);
     EXPECT_LT(idleCpuMs, 50.0);
 }
