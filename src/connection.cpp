@@ -1020,9 +1020,8 @@ void Connection::flushLocked(bool force, bool uncork)
             onTxCompleteLocked(&op);
         }
     }
-    if (tx_.unsent() == 0)
-        corkSinceNs_ = 0;
     if (tx_.unsent() == 0) {
+        corkSinceNs_ = 0;
         if (closing_ && !disconnectSent_) {
             if (sendWordLocked(wire::encodeCtrl(wire::Ctrl::Disconnect)) == 0)
                 disconnectSent_ = shutWrSent_ = true;
@@ -1747,16 +1746,22 @@ int Connection::peerAddress(sockaddr_storage *addr, socklen_t *len) const
 int Connection::startAccept(fi_info *connreq, const wire::Hello &peer, bool *rejectable)
 {
     std::lock_guard<std::mutex> lock(mutex_);
+    int ret = acceptLocked(connreq, peer);
+    // Once the endpoint exists it owns the request: it can no longer be rejected, only dropped
+    // with the endpoint.
+    *rejectable = ret < 0 && !ep_;
+    return ret;
+}
+
+int Connection::acceptLocked(fi_info *connreq, const wire::Hello &peer)
+{
     info_ = connreq;
-    *rejectable = true;
     int ret = Domain::get(connreq, settings_.strict, &domain_);
     if (ret < 0)
         return ret;
-    // What the peer asks for is checked before the endpoint takes the request over: from then
-    // on the request can no longer be rejected, only dropped with the endpoint.
+    // What the peer asks for is checked before the endpoint exists, so that it can be refused.
     if (bool(peer.flags & wire::kFlagVirtAddr) != domain_->caps().virtAddr)
         return -EPROTO;
-    *rejectable = false;
     ret = setup(connreq);
     if (ret < 0)
         return ret;

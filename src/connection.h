@@ -263,6 +263,7 @@ private:
     // request is still the caller's to fi_reject (else the endpoint took it, and dropping the
     // connection refuses the peer).
     int startAccept(fi_info *connreq, const wire::Hello &peer, bool *rejectable);
+    int acceptLocked(fi_info *connreq, const wire::Hello &peer);
     int applyPeerHello(const wire::Hello &peer);
     wire::Hello localHello() const;
 
