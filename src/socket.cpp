@@ -167,6 +167,40 @@ int probeBind(int family, bool v6Only, bool reuseAddr, const sockaddr *addr, soc
     return ret;
 }
 
+// The options kept for getsockopt only (generic_).
+bool isGenericOption(int level, int name)
+{
+    switch (level) {
+    case SOL_SOCKET:
+        return name == SO_RCVLOWAT || name == SO_SNDLOWAT || name == SO_PRIORITY ||
+               name == SO_OOBINLINE || name == SO_BROADCAST || name == SO_DONTROUTE ||
+               name == SO_MARK || name == SO_BUSY_POLL || name == SO_ZEROCOPY;
+    case IPPROTO_TCP:
+        return name == TCP_CORK || name == TCP_QUICKACK || name == TCP_USER_TIMEOUT ||
+               name == TCP_DEFER_ACCEPT || name == TCP_NOTSENT_LOWAT || name == TCP_FASTOPEN ||
+               name == TCP_WINDOW_CLAMP || name == TCP_LINGER2 || name == TCP_SYNCNT;
+    case IPPROTO_IP:
+        return name == IP_TOS || name == IP_TTL;
+    case IPPROTO_IPV6:
+        return name == IPV6_TCLASS || name == IPV6_UNICAST_HOPS;
+    default:
+        return false;
+    }
+}
+
+// What Linux answers for such an option nobody set (its sysctls included): asked of a fresh
+// kernel socket of the family.
+int kernelDefault(int family, int level, int name, int *out)
+{
+    int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    socklen_t l = sizeof(*out);
+    int ret = ::getsockopt(fd, level, name, out, &l) < 0 ? -errno : 0;
+    ::close(fd);
+    return ret;
+}
+
 // Whether an interrupted blocking call should restart, as the kernel does under SA_RESTART.
 // The signal that interrupted is unknown, so restart only when every signal with a handler
 // has SA_RESTART (signals without a handler never interrupt; they kill, stop or are ignored).
@@ -1052,10 +1086,6 @@ int Socket::getsockopt(int level, int name, void *val, socklen_t *len)
                     mss = std::min(mss, maxSeg_);
                 return getValue(mss, val, len);
             }
-            case TCP_CORK: {
-                auto it = generic_.find({level, name});
-                return getValue(it == generic_.end() ? 0 : it->second, val, len);
-            }
             case TCP_KEEPIDLE:
                 return getValue(keepIdle_, val, len);
             case TCP_KEEPINTVL:
@@ -1073,6 +1103,8 @@ int Socket::getsockopt(int level, int name, void *val, socklen_t *len)
                 return -ENOPROTOOPT;
             if (name == IPV6_V6ONLY)
                 return getValue(int(v6Only_), val, len);
+            break;
+        case IPPROTO_IP:
             break;
         case kSolRdma:
             switch (name) {
@@ -1098,9 +1130,12 @@ int Socket::getsockopt(int level, int name, void *val, socklen_t *len)
         }
         if (!(level == IPPROTO_TCP && name == TCP_INFO)) {
             auto it = generic_.find({level, name});
-            if (it == generic_.end())
-                return -ENOPROTOOPT;
-            return getValue(it->second, val, len);
+            if (it != generic_.end())
+                return getValue(it->second, val, len);
+            int v = 0;
+            int ret = isGenericOption(level, name) ? kernelDefault(family_, level, name, &v)
+                                                   : -ENOPROTOOPT;
+            return ret < 0 ? ret : getValue(v, val, len);
         }
     }
     // TCP_INFO.
