@@ -1005,6 +1005,45 @@ TEST_P(Semantics, NoDelay)
     EXPECT_EQ(getInt(c, IPPROTO_TCP, TCP_NODELAY), 0);
 }
 
+// Options nobody set read back what Linux answers for a fresh socket (sysctls included), on a
+// fresh and on a connected socket.
+TEST_P(Semantics, UnsetOptionsReadLinuxDefaults)
+{
+    struct Opt
+    {
+        int level, name;
+        const char *what;
+    };
+    const Opt opts[] = {
+        {SOL_SOCKET, SO_PRIORITY, "SO_PRIORITY"},
+        {SOL_SOCKET, SO_OOBINLINE, "SO_OOBINLINE"},
+        {SOL_SOCKET, SO_DONTROUTE, "SO_DONTROUTE"},
+        {SOL_SOCKET, SO_MARK, "SO_MARK"},
+        {SOL_SOCKET, SO_RCVLOWAT, "SO_RCVLOWAT"},
+        {IPPROTO_TCP, TCP_CORK, "TCP_CORK"},
+        {IPPROTO_TCP, TCP_QUICKACK, "TCP_QUICKACK"},
+        {IPPROTO_TCP, TCP_USER_TIMEOUT, "TCP_USER_TIMEOUT"},
+        {IPPROTO_TCP, TCP_DEFER_ACCEPT, "TCP_DEFER_ACCEPT"},
+        {IPPROTO_TCP, TCP_LINGER2, "TCP_LINGER2"},
+        {IPPROTO_TCP, TCP_SYNCNT, "TCP_SYNCNT"},
+        {IPPROTO_IP, IP_TOS, "IP_TOS"},
+        {IPPROTO_IP, IP_TTL, "IP_TTL"},
+    };
+    int probe = ::socket(AF_INET, SOCK_STREAM, 0); // the kernel's answers, whatever b is
+    ASSERT_GE(probe, 0);
+    auto [c, s] = connectedPair();
+    (void)s;
+    int fresh = newSocket();
+    for (const Opt &o : opts) {
+        int want = -1;
+        socklen_t l = sizeof(want);
+        ASSERT_EQ(::getsockopt(probe, o.level, o.name, &want, &l), 0) << o.what;
+        EXPECT_EQ(getInt(fresh, o.level, o.name), want) << o.what << ", fresh socket";
+        EXPECT_EQ(getInt(c, o.level, o.name), want) << o.what << ", connected socket";
+    }
+    ::close(probe);
+}
+
 // TCP_CORK holds what does not fill a segment until the cork comes off, or for 200 ms at most;
 // the option is inherited by accepted sockets.
 TEST_P(Semantics, CorkHoldsPartialDataUntilUncorked)
