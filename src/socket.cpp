@@ -466,9 +466,10 @@ int Socket::accept(std::shared_ptr<Socket> *out, sockaddr *addr, socklen_t *len)
         s->sndBufReq_ = sndBufReq_;
         s->rcvBufReq_ = rcvBufReq_;
         s->sendRing_ = static_cast<uint32_t>(conn->settings().sendBuf);
-        auto cork = generic_.find({IPPROTO_TCP, TCP_CORK});
-        if (cork != generic_.end())
-            s->generic_[cork->first] = cork->second;
+        // As Linux clones the listener's socket, but for what it resets.
+        s->generic_ = generic_;
+        s->generic_.erase({SOL_SOCKET, SO_PRIORITY});
+        s->generic_.erase({IPPROTO_TCP, TCP_QUICKACK});
     }
     s->conn_ = std::shared_ptr<Connection>(conn.release(), ConnectionCloser{});
     s->state_ = State::Connected;

@@ -1044,6 +1044,27 @@ TEST_P(Semantics, UnsetOptionsReadLinuxDefaults)
     ::close(probe);
 }
 
+// Accepted sockets inherit the listener's options as Linux's clone of the listening socket does.
+TEST_P(Semantics, AcceptedSocketsInheritOptions)
+{
+    uint16_t port;
+    int l = newListener(AF_INET, &port);
+    ASSERT_EQ(setInt(l, IPPROTO_IP, IP_TTL, 33), 0);
+    ASSERT_EQ(setInt(l, IPPROTO_TCP, TCP_USER_TIMEOUT, 5000), 0);
+    ASSERT_EQ(setInt(l, IPPROTO_TCP, TCP_LINGER2, 30), 0);
+    ASSERT_EQ(setInt(l, SOL_SOCKET, SO_RCVLOWAT, 7), 0);
+    int c = newSocket();
+    auto a = loopback4(port);
+    int s = connectAccept(l, c, reinterpret_cast<sockaddr *>(&a), sizeof(a));
+    ASSERT_GE(s, 0);
+    EXPECT_EQ(getInt(s, IPPROTO_IP, IP_TTL), 33);
+    EXPECT_EQ(getInt(s, IPPROTO_TCP, TCP_USER_TIMEOUT), 5000);
+    EXPECT_EQ(getInt(s, IPPROTO_TCP, TCP_LINGER2), 30);
+    EXPECT_EQ(getInt(s, SOL_SOCKET, SO_RCVLOWAT), 7);
+    // The connecting side keeps its own.
+    EXPECT_EQ(getInt(c, IPPROTO_TCP, TCP_USER_TIMEOUT), 0);
+}
+
 // TCP_CORK holds what does not fill a segment until the cork comes off, or for 200 ms at most;
 // the option is inherited by accepted sockets.
 TEST_P(Semantics, CorkHoldsPartialDataUntilUncorked)
