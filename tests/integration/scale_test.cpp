@@ -87,35 +87,51 @@ sockaddr_in loopback(uint16_t port)
     return a;
 }
 
+// Sized by the environment (see above): the fd soft limit raised to the hard one, since every
+// endpoint holds a few, and a loopback listener at a_.
+class Scale : public ::testing::Test
+{
+protected:
+    void SetUp() override
+    {
+        getrlimit(RLIMIT_NOFILE, &rl_);
+        rl_.rlim_cur = rl_.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl_);
+        buf_ = static_cast<size_t>(envLong("RSTREAM_SCALE_BUF", 4096));
+        s_.provider = "tcp";
+        ASSERT_EQ(s_.setSendBuf(buf_), 0);
+        ASSERT_EQ(s_.setRecvBuf(buf_), 0);
+        if (long q = envLong("RSTREAM_SCALE_QUEUE", 0)) {
+            ASSERT_EQ(s_.setTxSize(q), 0);
+            ASSERT_EQ(s_.setRxSize(q), 0);
+        }
+        l_ = std::make_unique<Listener>(s_);
+        sockaddr_in any = loopback(0);
+        ASSERT_EQ(l_->bind(reinterpret_cast<sockaddr *>(&any), sizeof(any)), 0);
+        ASSERT_EQ(l_->listen(4096), 0);
+        sockaddr_storage ss;
+        socklen_t len = sizeof(ss);
+        ASSERT_EQ(l_->localAddress(&ss, &len), 0);
+        a_ = loopback(ntohs(reinterpret_cast<sockaddr_in *>(&ss)->sin_port));
+    }
+
+    rlimit rl_{};
+    size_t buf_ = 0;
+    Settings s_;
+    std::unique_ptr<Listener> l_;
+    sockaddr_in a_{};
+};
+
 } // namespace
 
-TEST(Scale, ManyConnectionsInOneProcess)
+TEST_F(Scale, ManyConnectionsInOneProcess)
 {
     const int n = static_cast<int>(envLong("RSTREAM_SCALE_CONNECTIONS", 2000));
-    const size_t buf = static_cast<size_t>(envLong("RSTREAM_SCALE_BUF", 4096));
-    // Every endpoint holds a few fds: raise the soft limit to the hard one first.
-    rlimit rl{};
-    getrlimit(RLIMIT_NOFILE, &rl);
-    rl.rlim_cur = rl.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &rl);
-
-    Settings s;
-    s.provider = "tcp";
-    ASSERT_EQ(s.setSendBuf(buf), 0);
-    ASSERT_EQ(s.setRecvBuf(buf), 0);
-    if (long q = envLong("RSTREAM_SCALE_QUEUE", 0)) {
-        ASSERT_EQ(s.setTxSize(q), 0);
-        ASSERT_EQ(s.setRxSize(q), 0);
-    }
-    Listener l(s);
-    sockaddr_in a = loopback(0);
-    ASSERT_EQ(l.bind(reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
-    ASSERT_EQ(l.listen(4096), 0);
-    sockaddr_storage ss;
-    socklen_t len = sizeof(ss);
-    ASSERT_EQ(l.localAddress(&ss, &len), 0);
-    const uint16_t port = ntohs(reinterpret_cast<sockaddr_in *>(&ss)->sin_port);
-    a = loopback(port);
+    const size_t buf = buf_;
+    const rlimit rl = rl_;
+    const Settings &s = s_;
+    Listener &l = *l_;
+    sockaddr_in a = a_;
 
     std::vector<std::unique_ptr<Connection>> servers(n), clients(n);
     std::atomic<int> accepted{0};
@@ -226,35 +242,13 @@ TEST(Scale, ManyConnectionsInOneProcess)
 
 // The server ends of n connections in this process, their clients in a child: what one process
 // holds when its peers are elsewhere, as a server's are.
-TEST(Scale, ServerEndpointsInOneProcess)
+TEST_F(Scale, ServerEndpointsInOneProcess)
 {
     const int n = static_cast<int>(envLong("RSTREAM_SCALE_SERVER_CONNECTIONS", 1000));
-    const size_t buf = static_cast<size_t>(envLong("RSTREAM_SCALE_BUF", 4096));
-    rlimit rl{};
-    getrlimit(RLIMIT_NOFILE, &rl);
-    rl.rlim_cur = rl.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &rl);
-
-    Settings s;
-    s.provider = "tcp";
-    ASSERT_EQ(s.setSendBuf(buf), 0);
-    ASSERT_EQ(s.setRecvBuf(buf), 0);
-    if (long q = envLong("RSTREAM_SCALE_QUEUE", 0)) {
-        ASSERT_EQ(s.setTxSize(q), 0);
-        ASSERT_EQ(s.setRxSize(q), 0);
-    }
-    Listener l(s);
-    sockaddr_in a = loopback(0);
-    ASSERT_EQ(l.bind(reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
-    ASSERT_EQ(l.listen(4096), 0);
-    sockaddr_storage ss;
-    socklen_t len = sizeof(ss);
-    ASSERT_EQ(l.localAddress(&ss, &len), 0);
-    a = loopback(ntohs(reinterpret_cast<sockaddr_in *>(&ss)->sin_port));
     const int fds0 = countFds();
     const long rss0 = rssKiB();
-    if (long(rl.rlim_cur) < fds0 + 4L * n + 64)
-        GTEST_SKIP() << "RLIMIT_NOFILE " << rl.rlim_cur << " is too low for " << n
+    if (long(rl_.rlim_cur) < fds0 + 4L * n + 64)
+        GTEST_SKIP() << "RLIMIT_NOFILE " << rl_.rlim_cur << " is too low for " << n
                      << " connections";
 
     // The child connects them all, sends a word on each and reads its echo, says so, and
@@ -271,8 +265,8 @@ TEST(Scale, ServerEndpointsInOneProcess)
         {
             std::vector<std::unique_ptr<Connection>> clients(n);
             for (int i = 0; i < n && !rc; i++) {
-                clients[i] = std::make_unique<Connection>(s);
-                if (clients[i]->connect(reinterpret_cast<sockaddr *>(&a), sizeof(a)) != 0)
+                clients[i] = std::make_unique<Connection>(s_);
+                if (clients[i]->connect(reinterpret_cast<sockaddr *>(&a_), sizeof(a_)) != 0)
                     rc = 2;
             }
             for (int i = 0; i < n && !rc; i++) {
@@ -297,7 +291,7 @@ TEST(Scale, ServerEndpointsInOneProcess)
     auto t0 = Clock::now();
     std::vector<std::unique_ptr<Connection>> servers(n);
     for (int i = 0; i < n; i++) {
-        int r = l.accept(&servers[i], false, 30000);
+        int r = l_->accept(&servers[i], false, 30000);
         ASSERT_EQ(r, 0) << "accept " << i << ": " << strerror(-r);
     }
     const double acceptSec = secondsSince(t0);
@@ -327,10 +321,10 @@ TEST(Scale, ServerEndpointsInOneProcess)
 
     const double fdsPerConnection = double(fds1 - fds0) / n;
     printf("scale: %d server endpoints in one process (clients in another), rings %zu B\n", n,
-           buf);
+           buf_);
     printf("scale: accepted in %.2f s (%.0f/s); %.2f fds per connection, %d fds in all (limit "
            "%ld); %.1f KiB RSS per connection; idle CPU %.1f ms/s\n",
-           acceptSec, n / acceptSec, fdsPerConnection, fds1, long(rl.rlim_cur),
+           acceptSec, n / acceptSec, fdsPerConnection, fds1, long(rl_.rlim_cur),
            double(rss1 - rss0) / n, idleCpuMs);
     RecordProperty("server_connections", n);
     EXPECT_LE(fdsPerConnection, 4.05);
