@@ -551,7 +551,7 @@ void resetFabricSignalHandlers()
     // For libraries loaded from now on, exec'd children included (the program's own choice
     // wins when it set the variable).
     setenv("IPATH_NO_BACKTRACE", "1", 0);
-    for (int sig : {SIGINT, SIGTERM, SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) {
+    for (int sig : kFabricLibrarySignals) {
         struct sigaction cur;
         if (sigaction(sig, nullptr, &cur) == 0 && isFabricLibraryHandler(cur)) {
             // What the signal did before that library is lost; a signal ignored since exec is

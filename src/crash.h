@@ -29,8 +29,11 @@ bool invariantFailed(const char *what, const char *file, int line);
 // destructor then run on top of the interrupted code, which deadlocks when that code holds a
 // libfabric or malloc lock and lets other threads run on into what is torn down.
 bool isFabricLibraryHandler(const struct sigaction &sa);
+// The signals such libraries take.
+inline constexpr int kFabricLibrarySignals[] = {SIGINT,  SIGTERM, SIGSEGV, SIGBUS,
+                                                SIGABRT, SIGFPE,  SIGILL};
 // Sets IPATH_NO_BACKTRACE=1 (unless the program set it), so that libinfinipath takes no signals
-// when libfabric is loaded (fiload.h), in this process or in exec'd children. Where a program
+// when libfabric is loaded (fiload.cpp), in this process or in exec'd children. Where a program
 // linked libfabric itself, so that its libraries were loaded before it ran, gives SIGINT,
 // SIGTERM and the crash signals whose handlers they took their default action back. Called at
 // load time by librstream.so and by installCrashHandler().

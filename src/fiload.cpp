@@ -13,8 +13,6 @@
 // the signals alone; a handler that a fabric library installs anyway is replaced by what the
 // signal had just before.
 
-#include "fiload.h"
-
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -43,7 +41,6 @@ struct Api
 };
 
 constexpr const char *kLibrary = "libfabric.so.1";
-constexpr int kSignals[] = {SIGINT, SIGTERM, SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL};
 
 std::once_flag gOnce;
 Api gApi;
@@ -63,21 +60,22 @@ bool bind(void *lib, const char *name, const char *version, F *out)
 
 void load()
 {
-    struct sigaction before[std::size(kSignals)];
-    for (size_t i = 0; i < std::size(kSignals); i++)
-        sigaction(kSignals[i], nullptr, &before[i]);
+    struct sigaction before[std::size(kFabricLibrarySignals)];
+    for (size_t i = 0; i < std::size(kFabricLibrarySignals); i++)
+        sigaction(kFabricLibrarySignals[i], nullptr, &before[i]);
     void *lib = dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (!lib) {
         const char *why = dlerror();
         RS_LOG(Error, "cannot load %s (%s): the fabric is not used", kLibrary, why ? why : "?");
         return;
     }
-    for (size_t i = 0; i < std::size(kSignals); i++) {
+    for (size_t i = 0; i < std::size(kFabricLibrarySignals); i++) {
         struct sigaction now;
-        if (sigaction(kSignals[i], nullptr, &now) == 0 && isFabricLibraryHandler(now)) {
-            sigaction(kSignals[i], &before[i], nullptr);
+        if (sigaction(kFabricLibrarySignals[i], nullptr, &now) == 0 &&
+            isFabricLibraryHandler(now)) {
+            sigaction(kFabricLibrarySignals[i], &before[i], nullptr);
             RS_LOG(Debug, "signal %d: a fabric library's handler replaced by the one before it",
-                   kSignals[i]);
+                   kFabricLibrarySignals[i]);
         }
     }
     // Structures laid out as these headers say need a library at least as new.
@@ -111,11 +109,6 @@ const Api *api()
 }
 
 } // namespace
-
-bool fabricLoaded()
-{
-    return api() != nullptr;
-}
 
 } // namespace rstream
 

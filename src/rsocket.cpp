@@ -30,7 +30,7 @@ static_assert(SOL_RDMA == kSolRdma && RDMA_SQSIZE == kRdmaSqSize && RDMA_RQSIZE 
 
 namespace {
 
-// Before libfabric is loaded (on first use, fiload.h), so that its libraries leave SIGINT and
+// Before libfabric is loaded (on first use, fiload.cpp), so that its libraries leave SIGINT and
 // SIGTERM to the program (see resetFabricSignalHandlers).
 __attribute__((constructor)) void rsocketInit()
 {
