@@ -167,7 +167,7 @@ int probeBind(int family, bool v6Only, bool reuseAddr, const sockaddr *addr, soc
     return ret;
 }
 
-// The options kept for getsockopt only (generic_).
+// The options kept for getsockopt only (generic_), without effect.
 bool isGenericOption(int level, int name)
 {
     switch (level) {
@@ -596,6 +596,14 @@ void Socket::applyKeepaliveLocked()
     }
 }
 
+int Socket::setGenericLocked(int level, int name, int v)
+{
+    if (!isGenericOption(level, name))
+        return -ENOPROTOOPT;
+    generic_[{level, name}] = v;
+    return 0;
+}
+
 void Socket::applyCorkLocked()
 {
     auto it = generic_.find({IPPROTO_TCP, TCP_CORK});
@@ -880,19 +888,8 @@ int Socket::setsockopt(int level, int name, const void *val, socklen_t len)
         case SO_RCVBUFFORCE:
             rcvBufReq_ = std::max(v, 1);
             return 0;
-        case SO_RCVLOWAT:
-        case SO_SNDLOWAT:
-        case SO_PRIORITY:
-        case SO_OOBINLINE:
-        case SO_BROADCAST:
-        case SO_DONTROUTE:
-        case SO_MARK:
-        case SO_BUSY_POLL:
-        case SO_ZEROCOPY:
-            generic_[{level, name}] = v;
-            return 0;
         default:
-            return -ENOPROTOOPT;
+            return setGenericLocked(level, name, v);
         }
     case IPPROTO_TCP:
         if ((ret = getInt(val, len, &v)) < 0)
@@ -928,18 +925,8 @@ int Socket::setsockopt(int level, int name, const void *val, socklen_t len)
             generic_[{level, name}] = v != 0;
             applyCorkLocked();
             return 0;
-        case TCP_QUICKACK:
-        case TCP_USER_TIMEOUT:
-        case TCP_DEFER_ACCEPT:
-        case TCP_NOTSENT_LOWAT:
-        case TCP_FASTOPEN:
-        case TCP_WINDOW_CLAMP:
-        case TCP_LINGER2:
-        case TCP_SYNCNT:
-            generic_[{level, name}] = v;
-            return 0;
         default:
-            return -ENOPROTOOPT;
+            return setGenericLocked(level, name, v);
         }
     case IPPROTO_IPV6:
         if (family_ != AF_INET6)
@@ -952,19 +939,11 @@ int Socket::setsockopt(int level, int name, const void *val, socklen_t len)
             v6Only_ = v != 0;
             return 0;
         }
-        if (name == IPV6_TCLASS || name == IPV6_UNICAST_HOPS) {
-            generic_[{level, name}] = v;
-            return 0;
-        }
-        return -ENOPROTOOPT;
+        return setGenericLocked(level, name, v);
     case IPPROTO_IP:
         if ((ret = getInt(val, len, &v)) < 0)
             return ret;
-        if (name == IP_TOS || name == IP_TTL) {
-            generic_[{level, name}] = v;
-            return 0;
-        }
-        return -ENOPROTOOPT;
+        return setGenericLocked(level, name, v);
     case kSolRdma:
         if ((ret = getInt(val, len, &v)) < 0)
             return ret;

@@ -135,6 +135,8 @@ private:
     void applyKeepaliveLocked();
     // TCP_CORK, as set, to the connection.
     void applyCorkLocked();
+    // Keeps an option that has no effect for getsockopt; -ENOPROTOOPT for one not known.
+    int setGenericLocked(int level, int name, int v);
     void setStateLocked(State s)
     {
         state_ = s;
