@@ -213,7 +213,7 @@ extern std::atomic<bool> gChildKernelOnly;
 
 void noteInternalError();
 
-// The C boundary (src/boundary.h), reporting internal errors in the shim's log.
+// The C boundary (src/base/boundary.h), reporting internal errors in the shim's log.
 template <class F>
 auto boundary(F &&f) -> decltype(f())
 {

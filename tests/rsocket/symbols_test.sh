@@ -22,10 +22,24 @@ if [ "$actual" != "$expected" ]; then
 	exit 1
 fi
 echo "librstream.so exports the $(echo "$actual" | wc -l) intended symbols"
-# libfabric is loaded on first use (src/fiload.cpp), not with the library.
+# libfabric is loaded on first use (src/engine/fiload.cpp), not with the library.
 if readelf -d "$lib" | grep -q 'NEEDED.*libfabric'; then
 	echo "librstream.so depends on libfabric: it would be loaded with the program (and its"
 	echo "libraries' constructors would run before ours)"
 	exit 1
 fi
 echo "librstream.so does not depend on libfabric"
+# The shim's own code (preload/: the kernel/fabric socket, its configuration and statistics)
+# lives in the shim alone: no strong symbol of its archive may be defined in librstream.so.
+if [ $# -ge 2 ]; then
+	shim=$(nm --defined-only "$2" 2>/dev/null | awk 'NF == 3 && $2 ~ /^[TDBR]$/ {print $3}' | sort -u)
+	[ -n "$shim" ] || { echo "no symbols read from $2"; exit 1; }
+	lib_syms=$(nm --defined-only "$lib" | awk 'NF == 3 {print $3}' | sort -u)
+	both=$(comm -12 <(echo "$shim") <(echo "$lib_syms"))
+	if [ -n "$both" ]; then
+		echo "librstream.so contains shim code:"
+		echo "$both" | c++filt | head -20
+		exit 1
+	fi
+	echo "librstream.so holds none of the shim's $(echo "$shim" | wc -l) symbols"
+fi
