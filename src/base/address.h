@@ -1,0 +1,27 @@
+// SPDX-License-Identifier: MIT
+// Socket addresses as text, the one place that formats and parses them.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <sys/socket.h>
+
+namespace rstream {
+
+// "1.2.3.4:80", "[::1]:80" (IPv6 always in brackets), or "-" for a null address or another
+// family. Writes at most cap bytes, NUL included, and allocates nothing (usable from the
+// crash handler's and the log's paths); returns the length written.
+size_t formatAddress(const sockaddr *addr, char *buf, size_t cap);
+std::string addressText(const sockaddr *addr);
+// The host part alone, without brackets ("1.2.3.4", "::1"), for interfaces that take a node
+// name; "" for another family.
+std::string hostText(const sockaddr *addr);
+// The port in host byte order, 0 for another family.
+int addressPort(const sockaddr *addr);
+
+// Parses "1.2.3.4:80", "[::1]:80", or a bare host with defaultPort ("1.2.3.4", "::1",
+// "[::1]"). Returns 0 and fills *out and *len, or -EINVAL for anything else (names are not
+// resolved, ports must be 0..65535 digits).
+int parseAddress(const char *text, int defaultPort, sockaddr_storage *out, socklen_t *len);
+
+} // namespace rstream
