@@ -6,7 +6,7 @@
 #include "settings.h"
 #include "shim.h"
 
-namespace rstream::preload {
+namespace rstream::shim {
 
 static_assert(std::is_trivially_destructible_v<FdTable<HybridSocket>>,
               "the fd tables must outlive every destructor and atexit handler");
@@ -154,4 +154,4 @@ void noteInternalError()
         RS_LOG(Error, "preload: internal error (reported to the application as EIO)");
 }
 
-} // namespace rstream::preload
+} // namespace rstream::shim

@@ -6,10 +6,11 @@
 #include <ctime>
 #include <memory>
 
+#include "clock.h"
 #include "shim.h"
 
 using namespace rstream;
-using namespace rstream::preload;
+using namespace rstream::shim;
 
 namespace {
 
@@ -85,13 +86,6 @@ ssize_t sendMsg(HybridSocket &s, const msghdr *msg, int flags)
     // As TCP: a destination address on a connected stream socket is ignored, and so are
     // control messages.
     return doSend(s, msg->msg_iov, msg->msg_iovlen, flags);
-}
-
-int64_t nowNs()
-{
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
 // sendfile onto an engine socket: the file's bytes go through a bounded buffer. The file

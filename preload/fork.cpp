@@ -11,7 +11,7 @@
 #include "shim.h"
 
 using namespace rstream;
-using namespace rstream::preload;
+using namespace rstream::shim;
 
 namespace {
 
@@ -140,7 +140,7 @@ void exportAtExitHandler()
 
 // ---- Load -------------------------------------------------------------------------------------
 
-__attribute__((constructor)) void preloadInit()
+__attribute__((constructor)) void shimInit()
 {
     // Before libfabric's verbs provider initializes (it does so on first use, after this): the
     // verbs memory registrations stay valid across the program's forks.

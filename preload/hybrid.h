@@ -15,10 +15,11 @@
 #include <vector>
 
 #include "poller.h"
+#include "shimconfig.h"
 #include "shimstats.h"
 #include "socket.h"
 
-namespace rstream {
+namespace rstream::shim {
 
 // The real libc functions (the shim passes its dlsym(RTLD_NEXT) pointers, so nothing here
 // re-enters the interposers).
@@ -37,31 +38,6 @@ struct KernelOps
     int (*getpeername)(int, sockaddr *, socklen_t *);
     int (*fcntl)(int, int, ...);
     KernelPoll poll;
-};
-
-// RSTREAM_ENABLE, RSTREAM_PORT_OFFSET, RSTREAM_CONNECT_TIMEOUT_MS, RSTREAM_PORTS,
-// RSTREAM_EXCLUDE, RSTREAM_NEGATIVE_CACHE_MS.
-struct ShimConfig
-{
-    bool enabled = true;
-    int portOffset = 20000; // fabric listener port = app port + offset (wrapping above 65535)
-    int connectTimeoutMs = 2000;
-    int negativeCacheMs = 30000;
-    std::vector<std::pair<int, int>> ports; // port ranges to offload; empty: all
-    struct Net
-    {
-        int family;
-        uint8_t addr[16];
-        int prefix; // bits
-        int port;   // 0: any
-    };
-    std::vector<Net> exclude;
-
-    static ShimConfig fromEnv();
-    // The fabric port for an application port (0 if none).
-    int fabricPort(int port) const;
-    bool portAllowed(int port) const;
-    bool excluded(const sockaddr *addr) const;
 };
 
 // Whether this process has used the fabric (a fork child of such a process must not).
@@ -210,4 +186,4 @@ private:
     std::atomic<bool> acceptFabricFirst_{true};
 };
 
-} // namespace rstream
+} // namespace rstream::shim

@@ -12,7 +12,7 @@
 
 #include "shim.h"
 
-namespace rstream::preload {
+namespace rstream::shim {
 
 constinit thread_local int tDepth __attribute__((tls_model("initial-exec"))) = 0;
 
@@ -215,4 +215,4 @@ int moveHigh(int fd)
     return high;
 }
 
-} // namespace rstream::preload
+} // namespace rstream::shim

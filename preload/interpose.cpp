@@ -6,7 +6,7 @@
 #include "shim.h"
 
 using namespace rstream;
-using namespace rstream::preload;
+using namespace rstream::shim;
 
 namespace {
 

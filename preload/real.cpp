@@ -9,7 +9,7 @@
 
 #include "shim.h"
 
-namespace rstream::preload {
+namespace rstream::shim {
 
 namespace {
 
@@ -133,4 +133,4 @@ const KernelPoll &kernelPoll()
     return gKernelPoll;
 }
 
-} // namespace rstream::preload
+} // namespace rstream::shim

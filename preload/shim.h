@@ -46,7 +46,7 @@ int __ppoll_chk(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigset_
 [[noreturn]] void __chk_fail(void);
 }
 
-namespace rstream::preload {
+namespace rstream::shim {
 
 // ---- Real functions -------------------------------------------------------------------------
 
@@ -234,4 +234,4 @@ private:
     int old_ = PTHREAD_CANCEL_ENABLE;
 };
 
-} // namespace rstream::preload
+} // namespace rstream::shim

@@ -12,8 +12,10 @@
 #include "statexport.h"
 
 namespace rstream {
-
 class Connection;
+} // namespace rstream::shim
+
+namespace rstream::shim {
 
 // Process-wide counters (relaxed atomics; a fork child starts from zero).
 struct ShimStats
@@ -91,4 +93,4 @@ void exportAtLoad();
 // At exit: removes this process's export.
 void exportAtExit();
 
-} // namespace rstream
+} // namespace rstream::shim

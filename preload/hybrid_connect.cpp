@@ -1,0 +1,292 @@
+// SPDX-License-Identifier: MIT
+// The shim's connect: the fabric attempt, its settling when nonblocking, and the fallback to
+// kernel TCP on the application's own fd.
+
+#include "hybrid.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+
+#include "clock.h"
+#include "hybrid_internal.h"
+#include "log.h"
+#include "shimaddr.h"
+
+namespace rstream::shim {
+
+namespace {
+
+NegativeCache &negativeCache()
+{
+    static auto *cache = new NegativeCache();
+    return *cache;
+}
+
+} // namespace
+
+int HybridSocket::connectFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out)
+{
+    std::shared_ptr<Socket> s;
+    int r = startFabric(addr, len, &s);
+    if (r != 0 && r != -EINPROGRESS)
+        return r;
+    // Bounded: a peer without a fabric listener refuses at once; one that does not answer
+    // costs connectTimeoutMs, once per destination thanks to the negative cache.
+    const int64_t deadline = nowMs() + config_.connectTimeoutMs;
+    for (;;) {
+        if (s->pollEvents(POLLOUT))
+            break;
+        int64_t left = deadline - nowMs();
+        if (left <= 0)
+            return -ETIMEDOUT;
+        std::vector<pollfd> fds;
+        if (s->prepareWait(&fds, POLLOUT) == -EAGAIN)
+            continue;
+        int wait = static_cast<int>(std::min<int64_t>(left, 100));
+        timespec ts{0, wait * 1000000L};
+        k_.poll.ppoll(fds.data(), fds.size(), &ts, nullptr);
+    }
+    int err = 0;
+    socklen_t elen = sizeof(err);
+    s->getsockopt(SOL_SOCKET, SO_ERROR, &err, &elen);
+    if (err)
+        return -err;
+    *out = std::move(s);
+    return 0;
+}
+
+int HybridSocket::connect(const sockaddr *addr, socklen_t len)
+{
+    settle();
+    Mode m = mode();
+    if (m == Mode::Fabric) {
+        std::shared_ptr<Socket> s;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            s = sock_;
+        }
+        return s->connect(addr, len);
+    }
+    if (m == Mode::Listener)
+        return -EISCONN;
+    if (m == Mode::Inherited)
+        return -EIO;
+    if (m == Mode::Kernel) {
+        {
+            // A fabric attempt that fell back to a kernel connect which failed at once.
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (deferredError_) {
+                int e = deferredError_;
+                deferredError_ = 0;
+                return -e;
+            }
+        }
+        // Again, after a kernel connect that failed or is in progress.
+        if (k_.connect(fd_, addr, len) < 0) {
+            const int err = errno;
+            if (err == EINPROGRESS && addr) {
+                std::lock_guard<std::mutex> lock(mutex_);
+                recordKernelLocked(addr, len);
+            }
+            return -err;
+        }
+        if (addr) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            recordKernelLocked(addr, len);
+        }
+        countFallbackIfEstablished();
+        return 0;
+    }
+    if (!addr)
+        return -EFAULT;
+    if (len < sizeof(sa_family_t))
+        return -EINVAL;
+
+    // Undecided: the fabric when the destination may have a fabric listener.
+    const bool inet = addr->sa_family == AF_INET || addr->sa_family == AF_INET6;
+    const bool usable =
+        addr->sa_family == family_ && len >= (family_ == AF_INET ? sizeof(sockaddr_in) : 24);
+    const int port = usable ? portOf(addr) : 0;
+    const int fport = config_.fabricPort(port);
+    Fallback why = Fallback::None;
+    std::string key; // the fabric destination
+    int fabricErr = 0;
+    if (noFabric_) {
+        why = Fallback::ForkChild;
+    } else if (!usable || !fport) {
+        why = Fallback::Unsupported;
+    } else if (!config_.portAllowed(port)) {
+        why = Fallback::Ports;
+    } else if (config_.excluded(addr)) {
+        why = Fallback::Excluded;
+    } else {
+        sockaddr_storage dest{};
+        std::memcpy(&dest, addr, std::min<socklen_t>(len, sizeof(dest)));
+        setPort(&dest, fport);
+        key = describe(reinterpret_cast<sockaddr *>(&dest));
+        if (negativeCache().has(key)) {
+            why = Fallback::NegativeCache;
+        } else {
+            std::shared_ptr<Socket> s;
+            int r;
+            if (nonblocking()) {
+                // A nonblocking connect returns at once; the attempt settles later (settle()).
+                r = startFabric(reinterpret_cast<sockaddr *>(&dest), len, &s);
+                if (r == -EINPROGRESS) {
+                    std::lock_guard<std::mutex> lock(mutex_);
+                    pending_ = std::make_unique<Pending>();
+                    std::memcpy(&pending_->addr, addr, std::min<socklen_t>(len, sizeof(dest)));
+                    pending_->len = len;
+                    pending_->key = key;
+                    pending_->port = port;
+                    pending_->fport = fport;
+                    sock_ = std::move(s);
+                    mode_.store(Mode::Fabric, std::memory_order_release);
+                    tentative_.store(true, std::memory_order_release);
+                    return -EINPROGRESS;
+                }
+            } else {
+                r = connectFabric(reinterpret_cast<sockaddr *>(&dest), len, &s);
+            }
+            if (r == 0) {
+                std::lock_guard<std::mutex> lock(mutex_);
+                s->setNonblocking(nonblocking());
+                if (!nonblocking())
+                    s->confirmConnected();
+                sock_ = std::move(s);
+                adoptFabricLocked(addr, len, fport);
+                // A nonblocking connect reports progress the way TCP does; POLLOUT is ready.
+                return nonblocking() ? -EINPROGRESS : 0;
+            }
+            negativeCache().add(key, config_.negativeCacheMs);
+            why = r == -ECONNREFUSED ? Fallback::Refused
+                  : r == -ETIMEDOUT  ? Fallback::Timeout
+                                     : Fallback::ProviderError;
+            fabricErr = -r;
+        }
+    }
+    return connectKernel(addr, len, inet, why, port, key, fabricErr);
+}
+
+void HybridSocket::adoptFabricLocked(const sockaddr *addr, socklen_t len, int fport)
+{
+    sockaddr_storage local{};
+    socklen_t llen = sizeof(local);
+    if (sock_->localAddress(reinterpret_cast<sockaddr *>(&local), &llen) != 0)
+        llen = 0;
+    auto record = std::make_unique<ConnRecord>(
+        fd_, true, Fallback::None, false, reinterpret_cast<sockaddr *>(&local), llen, addr, len);
+    record->setConnection(sock_->connection());
+    bytes_ = &record->bytes();
+    record_ = std::move(record);
+    peerLen_ = std::min<socklen_t>(len, sizeof(peer_));
+    std::memcpy(&peer_, addr, peerLen_);
+    mode_.store(Mode::Fabric, std::memory_order_release);
+    countFabricConnection();
+    RS_LOG_FD(Debug, fd_, "fabric connection to %s (fabric port %d)", describe(addr).c_str(),
+              fport);
+}
+
+int HybridSocket::connectKernel(const sockaddr *addr, socklen_t len, bool inet, Fallback why,
+                                int port, const std::string &key, int fabricErr)
+{
+    // Kernel TCP on the application's own fd, with the options it set already applied.
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        fallback_ = why;
+    }
+    if (inet)
+        RS_LOG_FD(Info, fd_, "kernel TCP to %s: %s (%s)", describe(addr).c_str(), fallbackName(why),
+                  fallbackDetail(why, port, key, fabricErr, config_.connectTimeoutMs).c_str());
+    mode_.store(Mode::Kernel, std::memory_order_release);
+    kernelGen_++;
+    if (k_.connect(fd_, addr, len) < 0) {
+        const int err = errno;
+        if (err == EINPROGRESS) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            recordKernelLocked(addr, len);
+        }
+        return -err;
+    }
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        recordKernelLocked(addr, len);
+    }
+    countFallbackIfEstablished();
+    return 0;
+}
+
+int HybridSocket::startFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out)
+{
+    noteEngineUsed();
+    auto s = std::make_shared<Socket>(family_);
+    applyOptions(*s);
+    s->setNonblocking(true);
+    int r = s->connect(addr, len);
+    if (r != 0 && r != -EINPROGRESS)
+        return r;
+    *out = std::move(s);
+    return r;
+}
+
+void HybridSocket::settleSlow()
+{
+    // One thread settles; the others see the outcome.
+    std::lock_guard<std::mutex> settleLock(settleMutex_);
+    if (!tentative_.load(std::memory_order_acquire))
+        return;
+    std::shared_ptr<Socket> s;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        s = sock_;
+    }
+    const int st = s ? s->connectStatus() : -ENOTCONN;
+    if (st == -EINPROGRESS)
+        return; // the engine's connect deadline bounds it
+    std::unique_ptr<Pending> p;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        p = std::move(pending_);
+        if (!p) {
+            tentative_.store(false, std::memory_order_release);
+            return;
+        }
+        if (st == 0) {
+            adoptFabricLocked(reinterpret_cast<sockaddr *>(&p->addr), p->len, p->fport);
+            tentative_.store(false, std::memory_order_release);
+            return;
+        }
+        // The fabric attempt failed: kernel TCP on the same fd, as a blocking connect would
+        // have done at once.
+        sock_.reset();
+    }
+    negativeCache().add(p->key, config_.negativeCacheMs);
+    const Fallback why = st == -ECONNREFUSED ? Fallback::Refused
+                         : st == -ETIMEDOUT  ? Fallback::Timeout
+                                             : Fallback::ProviderError;
+    int r = connectKernel(reinterpret_cast<sockaddr *>(&p->addr), p->len, true, why, p->port,
+                          p->key, -st);
+    if (r < 0 && r != -EINPROGRESS) {
+        // Failed at once (nothing listens on kernel TCP either): reported by SO_ERROR and
+        // connect() as the kernel would have after a nonblocking connect.
+        std::lock_guard<std::mutex> lock(mutex_);
+        deferredError_ = -r;
+    }
+    tentative_.store(false, std::memory_order_release);
+}
+
+void HybridSocket::recordKernelLocked(const sockaddr *peer, socklen_t peerLen)
+{
+    if (record_ || (peer->sa_family != AF_INET && peer->sa_family != AF_INET6))
+        return;
+    sockaddr_storage local{};
+    socklen_t llen = sizeof(local);
+    if (k_.getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen) != 0)
+        llen = 0;
+    record_ = std::make_unique<ConnRecord>(
+        fd_, false, fallback_, false, reinterpret_cast<sockaddr *>(&local), llen, peer, peerLen);
+}
+
+} // namespace rstream::shim

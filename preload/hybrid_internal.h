@@ -1,0 +1,19 @@
+// SPDX-License-Identifier: MIT
+// What the files implementing HybridSocket share and the interposers need not see.
+#pragma once
+
+#include <string>
+
+#include "statexport.h"
+
+namespace rstream::shim {
+
+// The fabric is about to be used by this process (see engineUsed()).
+void noteEngineUsed();
+
+// What the log says about a fallback (formatted only when the line is written). where: the
+// fabric address (connects) or port (listeners) concerned; err: the fabric's errno.
+std::string fallbackDetail(Fallback why, int port, const std::string &where, int err,
+                           int timeoutMs = 0);
+
+} // namespace rstream::shim

@@ -1,0 +1,174 @@
+// SPDX-License-Identifier: MIT
+// The shim's listening sockets: a kernel listener and a fabric one on the same fd, and accept.
+
+#include "hybrid.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <fcntl.h>
+
+#include "clock.h"
+#include "hybrid_internal.h"
+#include "log.h"
+#include "shimaddr.h"
+
+namespace rstream::shim {
+
+int HybridSocket::listen(int backlog)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    Mode m = mode_.load();
+    if (m == Mode::Fabric)
+        return -EINVAL;
+    if (m == Mode::Inherited)
+        return -EIO;
+    if (k_.listen(fd_, backlog) < 0)
+        return -errno;
+    if (m == Mode::Listener || m == Mode::Kernel)
+        return 0; // a new backlog for the kernel; the fabric listener keeps its own
+    // The kernel picked the port if the application did not bind one.
+    sockaddr_storage local{};
+    socklen_t llen = sizeof(local);
+    if (k_.getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen) < 0)
+        return -errno;
+    int port = portOf(reinterpret_cast<sockaddr *>(&local));
+    int fport = config_.fabricPort(port);
+    std::shared_ptr<Socket> s;
+    Fallback why = Fallback::None;
+    int err = 0;
+    if (noFabric_) {
+        why = Fallback::ForkChild;
+    } else if (!fport) {
+        why = Fallback::Unsupported;
+    } else if (!config_.portAllowed(port)) {
+        why = Fallback::Ports;
+    } else {
+        noteEngineUsed();
+        s = std::make_shared<Socket>(family_);
+        applyOptions(*s);
+        s->setNonblocking(true);
+        sockaddr_storage faddr = local;
+        setPort(&faddr, fport);
+        int r = s->bind(reinterpret_cast<sockaddr *>(&faddr), llen);
+        if (r == 0)
+            r = s->listen(backlog);
+        if (r < 0) {
+            why = r == -EADDRINUSE ? Fallback::PortBusy : Fallback::ProviderError;
+            err = -r;
+            s.reset();
+        }
+    }
+    if (!s) {
+        fallback_ = why;
+        kernelListener_ = true;
+        countListener(false);
+        RS_LOG_FD(Info, fd_, "listener on port %d: kernel TCP only: %s (%s)", port,
+                  fallbackName(why),
+                  fallbackDetail(why, port, "fabric port " + std::to_string(fport), err).c_str());
+        mode_.store(Mode::Kernel, std::memory_order_release);
+        kernelGen_++;
+        return 0;
+    }
+    // accept() waits on both; the kernel side must never block it.
+    int fl = k_.fcntl(fd_, F_GETFL);
+    if (fl >= 0)
+        k_.fcntl(fd_, F_SETFL, fl | O_NONBLOCK);
+    sock_ = std::move(s);
+    appPort_ = port;
+    countListener(true);
+    mode_.store(Mode::Listener, std::memory_order_release);
+    RS_LOG_FD(Debug, fd_, "listening on port %d: kernel TCP and fabric port %d", port, fport);
+    return 0;
+}
+
+int HybridSocket::accept(sockaddr *addr, socklen_t *len, int flags,
+                         std::shared_ptr<HybridSocket> *newSock)
+{
+    if (flags & ~(SOCK_NONBLOCK | SOCK_CLOEXEC))
+        return -EINVAL;
+    std::shared_ptr<Socket> listener;
+    int timeout;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (mode_.load() != Mode::Listener)
+            return -EINVAL;
+        listener = sock_;
+        timeout = rcvTimeoutMs_;
+    }
+    const int64_t deadline = timeout > 0 ? nowMs() + timeout : -1;
+    for (;;) {
+        // Alternate which side goes first, so neither starves the other.
+        bool fabricFirst = acceptFabricFirst_.exchange(!acceptFabricFirst_.load());
+        for (int pass = 0; pass < 2; pass++) {
+            bool fabric = (pass == 0) == fabricFirst;
+            if (fabric && listener) {
+                std::shared_ptr<Socket> ns;
+                int r = listener->accept(&ns, addr, len);
+                if (r == 0) {
+                    int nfd = k_.socket(family_, SOCK_STREAM | (flags & SOCK_CLOEXEC), 0);
+                    if (nfd < 0)
+                        return -errno; // the connection closes with ns
+                    auto hs = std::make_shared<HybridSocket>(nfd, family_, flags & SOCK_NONBLOCK,
+                                                             k_, config_);
+                    ns->setNonblocking(flags & SOCK_NONBLOCK);
+                    // The addresses as the application sees them: the peer's, and the port it
+                    // listened on.
+                    sockaddr_storage local{}, peer{};
+                    socklen_t llen = sizeof(local), plen = sizeof(peer);
+                    if (ns->localAddress(reinterpret_cast<sockaddr *>(&local), &llen) == 0)
+                        setPort(&local, appPort_);
+                    else
+                        llen = 0;
+                    if (ns->peerAddress(reinterpret_cast<sockaddr *>(&peer), &plen) != 0)
+                        plen = 0;
+                    auto record = std::make_unique<ConnRecord>(
+                        nfd, true, Fallback::None, true, reinterpret_cast<sockaddr *>(&local), llen,
+                        reinterpret_cast<sockaddr *>(&peer), plen);
+                    record->setConnection(ns->connection());
+                    hs->bytes_ = &record->bytes();
+                    hs->record_ = std::move(record);
+                    hs->sock_ = std::move(ns);
+                    hs->appPort_ = appPort_;
+                    hs->accepted_ = true;
+                    hs->mode_.store(Mode::Fabric, std::memory_order_release);
+                    if (addr && len) {
+                        std::memcpy(addr, &peer, std::min(*len, plen));
+                        *len = plen;
+                    }
+                    countFabricConnection();
+                    RS_LOG_FD(Debug, nfd, "fabric connection accepted from %s",
+                              plen ? describe(reinterpret_cast<sockaddr *>(&peer)).c_str() : "?");
+                    *newSock = std::move(hs);
+                    return nfd;
+                }
+                if (r != -EAGAIN)
+                    RS_LOG_FD(Debug, fd_, "fabric accept: %s", strerror(-r));
+            } else if (!fabric) {
+                int r = k_.accept4(fd_, addr, len, flags);
+                if (r >= 0)
+                    return r; // the caller records it (kernel_peer)
+                if (errno != EAGAIN && errno != EWOULDBLOCK)
+                    return -errno;
+            }
+        }
+        if (nonblocking())
+            return -EAGAIN;
+        int wait = -1;
+        if (deadline >= 0) {
+            wait = static_cast<int>(deadline - nowMs());
+            if (wait <= 0)
+                return -EAGAIN;
+        }
+        std::vector<pollfd> fds{{fd_, POLLIN, 0}};
+        if (listener && listener->prepareWait(&fds, POLLIN) == -EAGAIN)
+            continue;
+        timespec ts{wait / 1000, (wait % 1000) * 1000000L};
+        int r = k_.poll.ppoll(fds.data(), fds.size(), wait >= 0 ? &ts : nullptr, nullptr);
+        if (r < 0 && errno == EINTR)
+            return -EINTR;
+    }
+}
+
+} // namespace rstream::shim

@@ -1,0 +1,57 @@
+// SPDX-License-Identifier: MIT
+// Socket address helpers the shim's configuration and sockets share (IPv4 and IPv6 only).
+#pragma once
+
+#include <arpa/inet.h>
+#include <cstdint>
+#include <cstring>
+#include <netinet/in.h>
+#include <string>
+#include <sys/socket.h>
+
+namespace rstream::shim {
+
+inline int portOf(const sockaddr *addr)
+{
+    if (addr->sa_family == AF_INET)
+        return ntohs(reinterpret_cast<const sockaddr_in *>(addr)->sin_port);
+    if (addr->sa_family == AF_INET6)
+        return ntohs(reinterpret_cast<const sockaddr_in6 *>(addr)->sin6_port);
+    return 0;
+}
+
+inline void setPort(sockaddr_storage *ss, int port)
+{
+    if (ss->ss_family == AF_INET)
+        reinterpret_cast<sockaddr_in *>(ss)->sin_port = htons(static_cast<uint16_t>(port));
+    else if (ss->ss_family == AF_INET6)
+        reinterpret_cast<sockaddr_in6 *>(ss)->sin6_port = htons(static_cast<uint16_t>(port));
+}
+
+// The address bytes of an IPv4 or IPv6 address (v4-mapped addresses as IPv4).
+inline int addressBytes(const sockaddr *addr, uint8_t out[16])
+{
+    std::memset(out, 0, 16);
+    if (addr->sa_family == AF_INET) {
+        std::memcpy(out, &reinterpret_cast<const sockaddr_in *>(addr)->sin_addr, 4);
+        return AF_INET;
+    }
+    auto *in6 = reinterpret_cast<const sockaddr_in6 *>(addr);
+    if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {
+        std::memcpy(out, &in6->sin6_addr.s6_addr[12], 4);
+        return AF_INET;
+    }
+    std::memcpy(out, &in6->sin6_addr, 16);
+    return AF_INET6;
+}
+
+inline std::string describe(const sockaddr *addr)
+{
+    char buf[INET6_ADDRSTRLEN] = "?";
+    uint8_t bytes[16];
+    int fam = addressBytes(addr, bytes);
+    inet_ntop(fam, bytes, buf, sizeof(buf));
+    return std::string(buf) + ":" + std::to_string(portOf(addr));
+}
+
+} // namespace rstream::shim
