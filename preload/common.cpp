@@ -3,6 +3,7 @@
 
 #include <type_traits>
 
+#include "address.h"
 #include "settings.h"
 #include "shim.h"
 
@@ -44,7 +45,7 @@ void releaseFd(int fd)
         try {
             NoCancel nc;
             EngineCall ec;
-            k->readKernelBytes(real_getsockopt(), fd);
+            k->readKernelBytes(fd);
             k.reset(); // the last descriptor: the record closes
         } catch (...) {
             noteInternalError();

@@ -105,7 +105,7 @@ void writeStats()
         EngineCall ec;
         // Kernel connections established since their connect returned count now.
         forEachSocket([](HybridSocket &s) { s.noteExit(); });
-        const std::string json = shimStatsJson(real_getsockopt()) + "\n";
+        const std::string json = shimStatsJson() + "\n";
         const std::string path = statsPath();
         int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd < 0) {

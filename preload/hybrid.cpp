@@ -65,9 +65,9 @@ std::string fallbackDetail(Fallback why, int port, const std::string &where, int
     }
 }
 
-HybridSocket::HybridSocket(int fd, int family, bool nonblocking, const KernelOps &kops,
+HybridSocket::HybridSocket(int fd, int family, bool nonblocking,
                            const ShimConfig &config)
-    : fd_(fd), family_(family), k_(kops), config_(config)
+    : fd_(fd), family_(family), config_(config)
 {
     nonblock_.store(nonblocking, std::memory_order_relaxed);
 }
@@ -95,17 +95,17 @@ void HybridSocket::setNonblocking(bool on)
         s->setNonblocking(on);
     if (m != Mode::Listener) {
         // The kernel fd follows, so forwarding to it (after a fallback) behaves the same.
-        int fl = k_.fcntl(fd_, F_GETFL);
+        int fl = sys::fcntl(fd_, F_GETFL);
         if (fl >= 0)
-            k_.fcntl(fd_, F_SETFL, on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK));
+            sys::fcntl(fd_, F_SETFL, on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK));
     }
 }
 
 int HybridSocket::getFlags()
 {
-    int fl = k_.fcntl(fd_, F_GETFL);
+    int fl = sys::fcntl(fd_, F_GETFL);
     if (fl < 0)
-        return -errno;
+        return fl;
     return nonblocking() ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK);
 }
 
@@ -117,7 +117,7 @@ int HybridSocket::setFlags(int flags)
         fl |= O_NONBLOCK; // the listener's kernel fd stays nonblocking; accept() emulates
     else
         fl = nonblocking() ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK);
-    return k_.fcntl(fd_, F_SETFL, fl) < 0 ? -errno : 0;
+    return sys::fcntl(fd_, F_SETFL, fl);
 }
 
 int HybridSocket::applyOptions(Socket &s)
@@ -132,8 +132,8 @@ int HybridSocket::bind(const sockaddr *addr, socklen_t len)
     Mode m = mode();
     if (m == Mode::Fabric || m == Mode::Listener)
         return -EINVAL;
-    if (k_.bind(fd_, addr, len) < 0)
-        return -errno;
+    if (int r = sys::bind(fd_, addr, len); r < 0)
+        return r;
     std::lock_guard<std::mutex> lock(mutex_);
     boundLen_ = std::min<socklen_t>(len, sizeof(bound_));
     std::memcpy(&bound_, addr, boundLen_);
@@ -181,7 +181,7 @@ int HybridSocket::shutdown(int how)
             s->shutdown(how);
         [[fallthrough]];
     default:
-        return k_.shutdown(fd_, how) < 0 ? -errno : 0;
+        return sys::shutdown(fd_, how);
     }
 }
 
@@ -198,8 +198,8 @@ int HybridSocket::setsockopt(int level, int name, const void *val, socklen_t len
     if (m == Mode::Inherited)
         return -EIO;
     // The kernel validates and keeps it (a fallback needs it); the engine gets it too.
-    if (k_.setsockopt(fd_, level, name, val, len) < 0)
-        return -errno;
+    if (int r = sys::setsockopt(fd_, level, name, val, len); r < 0)
+        return r;
     if (level == SOL_SOCKET && name == SO_RCVTIMEO && val && len >= sizeof(timeval)) {
         timeval tv;
         std::memcpy(&tv, val, sizeof(tv));
@@ -239,14 +239,14 @@ int HybridSocket::getsockopt(int level, int name, void *val, socklen_t *len)
         return s->getsockopt(level, name, val, len);
     if (m == Mode::Inherited)
         return -EIO;
-    return k_.getsockopt(fd_, level, name, val, len) < 0 ? -errno : 0;
+    return sys::getsockopt(fd_, level, name, val, len);
 }
 
 int HybridSocket::getsockname(sockaddr *addr, socklen_t *len)
 {
     auto [s, m] = snapshot();
     if (m != Mode::Fabric)
-        return k_.getsockname(fd_, addr, len) < 0 ? -errno : 0;
+        return sys::getsockname(fd_, addr, len);
     int r = s->localAddress(addr, len);
     if (r == 0 && accepted_ && appPort_ && addr)
         setPort(reinterpret_cast<sockaddr_storage *>(addr), appPort_); // the port it listened on
@@ -267,7 +267,7 @@ int HybridSocket::getpeername(sockaddr *addr, socklen_t *len)
         plen = peerLen_;
     }
     if (m != Mode::Fabric)
-        return k_.getpeername(fd_, addr, len) < 0 ? -errno : 0;
+        return sys::getpeername(fd_, addr, len);
     if (!accepted_) {
         // The address the application connected to, not the fabric listener's port.
         int r = s->peerAddress(addr, len);
@@ -299,7 +299,7 @@ void HybridSocket::onFdClosed(int fd)
     // What the kernel moved, while a descriptor of it is still open.
     std::lock_guard<std::mutex> lock(mutex_);
     if (record_)
-        record_->readKernelBytes(k_.getsockopt, fd);
+        record_->readKernelBytes(fd);
 }
 
 void HybridSocket::noteExit()
@@ -322,7 +322,7 @@ void HybridSocket::countFallbackIfEstablished()
         return;
     sockaddr_storage peer;
     socklen_t plen = sizeof(peer);
-    if (k_.getpeername(fd_, reinterpret_cast<sockaddr *>(&peer), &plen) == 0) {
+    if (sys::getpeername(fd_, reinterpret_cast<sockaddr *>(&peer), &plen) == 0) {
         fallbackCounted_ = true;
         countFallback(fallback_);
         if (record_)
@@ -365,7 +365,7 @@ int HybridSocket::kernelPollNow(int events)
 {
     pollfd p{fd_, static_cast<short>(events), 0};
     const timespec zero{0, 0};
-    int r = k_.poll.ppoll(&p, 1, &zero, nullptr);
+    int r = sys::ppoll(&p, 1, &zero, nullptr);
     return r > 0 ? p.revents : 0;
 }
 

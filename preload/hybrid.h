@@ -14,31 +14,13 @@
 #include <utility>
 #include <vector>
 
+#include "kernel.h"
 #include "poller.h"
 #include "shimconfig.h"
 #include "shimstats.h"
 #include "socket.h"
 
 namespace rstream::shim {
-
-// The real libc functions (the shim passes its dlsym(RTLD_NEXT) pointers, so nothing here
-// re-enters the interposers).
-struct KernelOps
-{
-    int (*socket)(int, int, int);
-    int (*bind)(int, const sockaddr *, socklen_t);
-    int (*listen)(int, int);
-    int (*accept4)(int, sockaddr *, socklen_t *, int);
-    int (*connect)(int, const sockaddr *, socklen_t);
-    int (*close)(int);
-    int (*shutdown)(int, int);
-    int (*setsockopt)(int, int, int, const void *, socklen_t);
-    int (*getsockopt)(int, int, int, void *, socklen_t *);
-    int (*getsockname)(int, sockaddr *, socklen_t *);
-    int (*getpeername)(int, sockaddr *, socklen_t *);
-    int (*fcntl)(int, int, ...);
-    KernelPoll poll;
-};
 
 // Whether this process has used the fabric (a fork child of such a process must not).
 bool engineUsed();
@@ -55,7 +37,7 @@ public:
         Inherited  // inherited across fork from a parent that owns the fabric connection
     };
 
-    HybridSocket(int fd, int family, bool nonblocking, const KernelOps &kops,
+    HybridSocket(int fd, int family, bool nonblocking,
                  const ShimConfig &config);
     ~HybridSocket() override;
     HybridSocket(const HybridSocket &) = delete;
@@ -160,7 +142,6 @@ private:
 
     const int fd_;
     const int family_;
-    const KernelOps &k_;
     const ShimConfig &config_;
     std::atomic<Mode> mode_{Mode::Undecided};
     std::atomic<bool> nonblock_{false};

@@ -46,7 +46,7 @@ int HybridSocket::connectFabric(const sockaddr *addr, socklen_t len, std::shared
             continue;
         int wait = static_cast<int>(std::min<int64_t>(left, 100));
         timespec ts{0, wait * 1000000L};
-        k_.poll.ppoll(fds.data(), fds.size(), &ts, nullptr);
+        sys::ppoll(fds.data(), fds.size(), &ts, nullptr);
     }
     int err = 0;
     socklen_t elen = sizeof(err);
@@ -84,8 +84,8 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
             }
         }
         // Again, after a kernel connect that failed or is in progress.
-        if (k_.connect(fd_, addr, len) < 0) {
-            const int err = errno;
+        if (int r = sys::connect(fd_, addr, len); r < 0) {
+            const int err = -r;
             if (err == EINPROGRESS && addr) {
                 std::lock_guard<std::mutex> lock(mutex_);
                 recordKernelLocked(addr, len);
@@ -202,8 +202,8 @@ int HybridSocket::connectKernel(const sockaddr *addr, socklen_t len, bool inet, 
                   fallbackDetail(why, port, key, fabricErr, config_.connectTimeoutMs).c_str());
     mode_.store(Mode::Kernel, std::memory_order_release);
     kernelGen_++;
-    if (k_.connect(fd_, addr, len) < 0) {
-        const int err = errno;
+    if (int r = sys::connect(fd_, addr, len); r < 0) {
+        const int err = -r;
         if (err == EINPROGRESS) {
             std::lock_guard<std::mutex> lock(mutex_);
             recordKernelLocked(addr, len);
@@ -283,7 +283,7 @@ void HybridSocket::recordKernelLocked(const sockaddr *peer, socklen_t peerLen)
         return;
     sockaddr_storage local{};
     socklen_t llen = sizeof(local);
-    if (k_.getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen) != 0)
+    if (sys::getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen) != 0)
         llen = 0;
     record_ = std::make_unique<ConnRecord>(
         fd_, false, fallback_, false, reinterpret_cast<sockaddr *>(&local), llen, peer, peerLen);

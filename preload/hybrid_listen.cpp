@@ -24,15 +24,15 @@ int HybridSocket::listen(int backlog)
         return -EINVAL;
     if (m == Mode::Inherited)
         return -EIO;
-    if (k_.listen(fd_, backlog) < 0)
-        return -errno;
+    if (int r = sys::listen(fd_, backlog); r < 0)
+        return r;
     if (m == Mode::Listener || m == Mode::Kernel)
         return 0; // a new backlog for the kernel; the fabric listener keeps its own
     // The kernel picked the port if the application did not bind one.
     sockaddr_storage local{};
     socklen_t llen = sizeof(local);
-    if (k_.getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen) < 0)
-        return -errno;
+    if (int r = sys::getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen); r < 0)
+        return r;
     int port = portOf(reinterpret_cast<sockaddr *>(&local));
     int fport = config_.fabricPort(port);
     std::shared_ptr<Socket> s;
@@ -72,9 +72,9 @@ int HybridSocket::listen(int backlog)
         return 0;
     }
     // accept() waits on both; the kernel side must never block it.
-    int fl = k_.fcntl(fd_, F_GETFL);
+    int fl = sys::fcntl(fd_, F_GETFL);
     if (fl >= 0)
-        k_.fcntl(fd_, F_SETFL, fl | O_NONBLOCK);
+        sys::fcntl(fd_, F_SETFL, fl | O_NONBLOCK);
     sock_ = std::move(s);
     appPort_ = port;
     countListener(true);
@@ -107,11 +107,11 @@ int HybridSocket::accept(sockaddr *addr, socklen_t *len, int flags,
                 std::shared_ptr<Socket> ns;
                 int r = listener->accept(&ns, addr, len);
                 if (r == 0) {
-                    int nfd = k_.socket(family_, SOCK_STREAM | (flags & SOCK_CLOEXEC), 0);
+                    int nfd = sys::socket(family_, SOCK_STREAM | (flags & SOCK_CLOEXEC), 0);
                     if (nfd < 0)
-                        return -errno; // the connection closes with ns
+                        return nfd; // the connection closes with ns
                     auto hs = std::make_shared<HybridSocket>(nfd, family_, flags & SOCK_NONBLOCK,
-                                                             k_, config_);
+                                                             config_);
                     ns->setNonblocking(flags & SOCK_NONBLOCK);
                     // The addresses as the application sees them: the peer's, and the port it
                     // listened on.
@@ -146,11 +146,11 @@ int HybridSocket::accept(sockaddr *addr, socklen_t *len, int flags,
                 if (r != -EAGAIN)
                     RS_LOG_FD(Debug, fd_, "fabric accept: %s", strerror(-r));
             } else if (!fabric) {
-                int r = k_.accept4(fd_, addr, len, flags);
+                int r = sys::accept4(fd_, addr, len, flags);
                 if (r >= 0)
                     return r; // the caller records it (kernel_peer)
-                if (errno != EAGAIN && errno != EWOULDBLOCK)
-                    return -errno;
+                if (r != -EAGAIN && r != -EWOULDBLOCK)
+                    return r;
             }
         }
         if (nonblocking())
@@ -165,8 +165,8 @@ int HybridSocket::accept(sockaddr *addr, socklen_t *len, int flags,
         if (listener && listener->prepareWait(&fds, POLLIN) == -EAGAIN)
             continue;
         timespec ts{wait / 1000, (wait % 1000) * 1000000L};
-        int r = k_.poll.ppoll(fds.data(), fds.size(), wait >= 0 ? &ts : nullptr, nullptr);
-        if (r < 0 && errno == EINTR)
+        int r = sys::ppoll(fds.data(), fds.size(), wait >= 0 ? &ts : nullptr, nullptr);
+        if (r == -EINTR)
             return -EINTR;
     }
 }

@@ -174,7 +174,7 @@ RS_EXPORT int socket(int domain, int type, int protocol) noexcept
         const ShimConfig &config = shimConfig();
         if (config.enabled)
             installSocket(fd, std::make_shared<HybridSocket>(
-                                  fd, domain, (type & SOCK_NONBLOCK) != 0, kernelOps(), config));
+                                  fd, domain, (type & SOCK_NONBLOCK) != 0, config));
     } catch (...) {
         // The socket stays on kernel TCP.
         noteInternalError();

@@ -96,10 +96,53 @@ int kFcntl(int fd, int cmd, ...)
     return real_fcntl()(fd, cmd, arg);
 }
 
+ssize_t kRead(int fd, void *b, size_t n)
+{
+    return real_read()(fd, b, n);
+}
+ssize_t kWrite(int fd, const void *b, size_t n)
+{
+    return real_write()(fd, b, n);
+}
+int kPoll(pollfd *fds, nfds_t n, int t)
+{
+    return real_poll()(fds, n, t);
+}
+int kEpollCreate1(int flags)
+{
+    return real_epoll_create1()(flags);
+}
+int kEventfd(unsigned int v, int flags)
+{
+    return real_eventfd()(v, flags);
+}
+
 constexpr KernelPoll gKernelPoll{realPpoll, realEpollWait, realEpollCtl};
-constexpr KernelOps gKernelOps{kSocket,      kBind,     kListen,     kAccept4,    kConnect,
-                               kClose,       kShutdown, kSetsockopt, kGetsockopt, kGetsockname,
-                               kGetpeername, kFcntl,    gKernelPoll};
+
+// The kernel seam (src/base/kernel.h) as the layers below the shim see it: the functions the
+// interposers forward to, never the interposers themselves.
+constexpr sys::Calls gRealCalls = {
+    .socket = kSocket,
+    .bind = kBind,
+    .listen = kListen,
+    .accept4 = kAccept4,
+    .connect = kConnect,
+    .close = kClose,
+    .shutdown = kShutdown,
+    .setsockopt = kSetsockopt,
+    .getsockopt = kGetsockopt,
+    .getsockname = kGetsockname,
+    .getpeername = kGetpeername,
+    .fcntl = kFcntl,
+    .read = kRead,
+    .write = kWrite,
+    .poll = kPoll,
+    .ppoll = realPpoll,
+    .epollCreate1 = kEpollCreate1,
+    .epollCtl = realEpollCtl,
+    .epollWait = realEpollWait,
+    .eventfd = kEventfd,
+};
 
 } // namespace
 
@@ -121,11 +164,7 @@ void resolveAllReal()
 #define RS_RESOLVE(name, fallback) (void)real_##name();
     RS_REAL_LIST(RS_RESOLVE)
 #undef RS_RESOLVE
-}
-
-const KernelOps &kernelOps()
-{
-    return gKernelOps;
+    sys::bind(&gRealCalls);
 }
 
 const KernelPoll &kernelPoll()

@@ -123,11 +123,11 @@ void *resolveReal(std::atomic<void *> &slot, const char *name, const char *fallb
 RS_REAL_LIST(RS_REAL_FN)
 
 // Resolves every real function now (from the constructor), so that later calls, maybe from a
-// signal handler, never run dlsym.
+// signal handler, never run dlsym, and binds the kernel seam (kernel.h) to them: from then on
+// the layers below reach the kernel without passing through the interposers.
 void resolveAllReal();
 
 // The real functions in the engine's shape; the engine's kernel calls go through these.
-const KernelOps &kernelOps();
 const KernelPoll &kernelPoll();
 
 // ---- Tables ---------------------------------------------------------------------------------

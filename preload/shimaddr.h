@@ -9,15 +9,13 @@
 #include <string>
 #include <sys/socket.h>
 
+#include "address.h"
+
 namespace rstream::shim {
 
 inline int portOf(const sockaddr *addr)
 {
-    if (addr->sa_family == AF_INET)
-        return ntohs(reinterpret_cast<const sockaddr_in *>(addr)->sin_port);
-    if (addr->sa_family == AF_INET6)
-        return ntohs(reinterpret_cast<const sockaddr_in6 *>(addr)->sin6_port);
-    return 0;
+    return addressPort(addr);
 }
 
 inline void setPort(sockaddr_storage *ss, int port)
@@ -45,13 +43,22 @@ inline int addressBytes(const sockaddr *addr, uint8_t out[16])
     return AF_INET6;
 }
 
+// The destination as text, v4-mapped addresses as IPv4 (one negative-cache key either way).
 inline std::string describe(const sockaddr *addr)
 {
-    char buf[INET6_ADDRSTRLEN] = "?";
+    sockaddr_storage ss{};
     uint8_t bytes[16];
-    int fam = addressBytes(addr, bytes);
-    inet_ntop(fam, bytes, buf, sizeof(buf));
-    return std::string(buf) + ":" + std::to_string(portOf(addr));
+    if (addressBytes(addr, bytes) == AF_INET) {
+        auto *in = reinterpret_cast<sockaddr_in *>(&ss);
+        in->sin_family = AF_INET;
+        std::memcpy(&in->sin_addr, bytes, 4);
+    } else {
+        auto *in6 = reinterpret_cast<sockaddr_in6 *>(&ss);
+        in6->sin6_family = AF_INET6;
+        std::memcpy(&in6->sin6_addr, bytes, 16);
+    }
+    setPort(&ss, portOf(addr));
+    return addressText(reinterpret_cast<const sockaddr *>(&ss));
 }
 
 } // namespace rstream::shim

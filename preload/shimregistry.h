@@ -31,8 +31,8 @@ struct ClosedRecord
     uint64_t received;
 };
 
-// "1.2.3.4:80", "[::1]:80", or "-" when unknown.
-std::string formatAddress(const void *addr);
+// An address stored as sockaddr_in6-sized words, as text (address.h).
+std::string storedAddressText(const void *addr);
 
 // The open records, the closed ones and the export; one lock, taken when a connection opens
 // or closes, by the refresher when asked, and at exit.

@@ -14,8 +14,10 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include "address.h"
 #include "connection.h"
 #include "fabric.h"
+#include "kernel.h"
 #include "settings.h"
 #include "shimregistry.h"
 
@@ -36,22 +38,11 @@ void copyAddress(sockaddr_storage *out, const sockaddr *in, socklen_t len)
 
 } // namespace
 
-std::string formatAddress(const void *addr)
+std::string storedAddressText(const void *addr)
 {
     sockaddr_storage ss{};
     std::memcpy(&ss, addr, sizeof(sockaddr_in6));
-    char buf[INET6_ADDRSTRLEN] = "?";
-    if (ss.ss_family == AF_INET) {
-        auto *in = reinterpret_cast<const sockaddr_in *>(&ss);
-        inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf));
-        return std::string(buf) + ":" + std::to_string(ntohs(in->sin_port));
-    }
-    if (ss.ss_family == AF_INET6) {
-        auto *in6 = reinterpret_cast<const sockaddr_in6 *>(&ss);
-        inet_ntop(AF_INET6, &in6->sin6_addr, buf, sizeof(buf));
-        return "[" + std::string(buf) + "]:" + std::to_string(ntohs(in6->sin6_port));
-    }
-    return "-";
+    return addressText(reinterpret_cast<const sockaddr *>(&ss));
 }
 
 ShimStats &shimStats()
@@ -132,14 +123,14 @@ void ConnRecord::setConnection(const std::shared_ptr<Connection> &conn)
     conn_ = conn;
 }
 
-void ConnRecord::readKernelBytes(int (*getsockopt)(int, int, int, void *, socklen_t *), int fd)
+void ConnRecord::readKernelBytes(int fd)
 {
     struct tcp_info ti;
     std::memset(&ti, 0, sizeof(ti));
     socklen_t len = sizeof(ti);
     const int saved = errno;
     // Payload bytes sent once (bytes_acked would count the SYN too); older kernels: acked.
-    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 &&
+    if (sys::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 &&
         len >= offsetof(struct tcp_info, tcpi_bytes_received) + sizeof(ti.tcpi_bytes_received)) {
         const bool hasSent =
             len >= offsetof(struct tcp_info, tcpi_bytes_retrans) + sizeof(ti.tcpi_bytes_retrans);
@@ -153,17 +144,7 @@ void ConnRecord::readKernelBytes(int (*getsockopt)(int, int, int, void *, sockle
     errno = saved;
 }
 
-std::string addressText(const sockaddr *addr)
-{
-    sockaddr_in6 a{};
-    if (addr && addr->sa_family == AF_INET)
-        std::memcpy(&a, addr, sizeof(sockaddr_in));
-    else if (addr && addr->sa_family == AF_INET6)
-        std::memcpy(&a, addr, sizeof(sockaddr_in6));
-    return formatAddress(&a);
-}
-
-std::string shimStatsJson(int (*getsockopt)(int, int, int, void *, socklen_t *))
+std::string shimStatsJson()
 {
     ShimStats &s = shimStats();
     Registry &r = Registry::instance();
@@ -181,8 +162,8 @@ std::string shimStatsJson(int (*getsockopt)(int, int, int, void *, socklen_t *))
         if (!fabric)
             records += std::string("\"reason\": \"") + fallbackName(why) + "\", ";
         records += std::string("\"direction\": \"") + (accepted ? "accepted" : "connected") +
-                   "\", \"local\": \"" + formatAddress(local) + "\", \"peer\": \"" +
-                   formatAddress(peer) + "\", ";
+                   "\", \"local\": \"" + storedAddressText(local) + "\", \"peer\": \"" +
+                   storedAddressText(peer) + "\", ";
         std::snprintf(buf, sizeof(buf),
                       "\"sent\": %" PRIu64 ", \"received\": %" PRIu64 ", \"open\": %s}", sent,
                       received, open ? "true" : "false");
@@ -203,8 +184,7 @@ std::string shimStatsJson(int (*getsockopt)(int, int, int, void *, socklen_t *))
             openSent += sent;
             openReceived += received;
         } else {
-            if (getsockopt)
-                c->readKernelBytes(getsockopt, c->fd_);
+            c->readKernelBytes(c->fd_);
             sent = c->kernelSent_.load(std::memory_order_relaxed);
             received = c->kernelReceived_.load(std::memory_order_relaxed);
         }

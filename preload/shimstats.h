@@ -56,13 +56,13 @@ public:
     void setConnection(const std::shared_ptr<Connection> &conn);
     // Kernel records: the connection reached the established state.
     void markEstablished() { established_.store(true, std::memory_order_relaxed); }
-    // Kernel records: the kernel's byte counts (TCP_INFO) through getsockopt on fd, kept for
+    // Kernel records: the kernel's byte counts (TCP_INFO) of fd, kept for
     // when the descriptor is gone. Call before it closes.
-    void readKernelBytes(int (*getsockopt)(int, int, int, void *, socklen_t *), int fd);
+    void readKernelBytes(int fd);
 
 private:
     friend struct Registry;
-    friend std::string shimStatsJson(int (*)(int, int, int, void *, socklen_t *));
+    friend std::string shimStatsJson();
 
     const int fd_;
     const bool fabric_;
@@ -82,11 +82,10 @@ private:
 };
 
 // "1.2.3.4:80", "[::1]:80"; "-" for anything else.
-std::string addressText(const sockaddr *addr);
 
 // RSTREAM_STATS: one JSON object with the counters, the fallbacks by reason and a record per
 // connection (open ones included: getsockopt reads the bytes of those on kernel TCP).
-std::string shimStatsJson(int (*getsockopt)(int, int, int, void *, socklen_t *));
+std::string shimStatsJson();
 
 // At load: removes the export a previous program of this process (before execve) left behind.
 void exportAtLoad();

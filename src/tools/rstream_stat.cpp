@@ -34,6 +34,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "address.h"
 #include "statexport.h"
 
 using namespace rstream;
@@ -96,12 +97,19 @@ Address fromSockaddr(const uint8_t *raw)
 
 std::string text(const Address &a)
 {
-    if (!a.family)
-        return "-";
-    char buf[INET6_ADDRSTRLEN] = "?";
-    inet_ntop(a.family, a.addr, buf, sizeof(buf));
-    return a.family == AF_INET6 ? "[" + std::string(buf) + "]:" + std::to_string(a.port)
-                                : std::string(buf) + ":" + std::to_string(a.port);
+    sockaddr_storage ss{};
+    if (a.family == AF_INET) {
+        auto *in = reinterpret_cast<sockaddr_in *>(&ss);
+        in->sin_family = AF_INET;
+        in->sin_port = htons(a.port);
+        std::memcpy(&in->sin_addr, a.addr, 4);
+    } else if (a.family == AF_INET6) {
+        auto *in6 = reinterpret_cast<sockaddr_in6 *>(&ss);
+        in6->sin6_family = AF_INET6;
+        in6->sin6_port = htons(a.port);
+        std::memcpy(&in6->sin6_addr, a.addr, 16);
+    }
+    return addressText(reinterpret_cast<const sockaddr *>(&ss));
 }
 
 std::string jsonString(const std::string &s)
