@@ -2,6 +2,7 @@
 // A stream socket with Linux TCP semantics on top of the engine's Connection and Listener.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -127,7 +128,17 @@ private:
         Closed      // listener shut down
     };
 
-    int timeoutFor(int flags, bool send) const;
+    // The socket options setsockopt and getsockopt know: one table, in sockopt.cpp.
+    struct Option;
+    static const Option *findOption(int level, int name);
+    // -ENOPROTOOPT for a level a socket of this family has no options at.
+    int checkLevel(int level) const;
+    void inheritOptionsLocked(Socket *s) const;
+    // TCP_INFO, read outside the mutex (conn as it was under it).
+    int tcpInfo(const std::shared_ptr<Connection> &conn, void *val, socklen_t *len);
+    // The largest single write the engine makes is a quarter of the ring; report what a
+    // loopback TCP connection would, capped by that.
+    int ringMss() const { return std::min<int>(65483, std::max<int>(sendRing_ / 4, 536)); }
     int reportError(int err);
     int applySettings(Settings *s);
     void refreshConnectLocked();
@@ -135,8 +146,6 @@ private:
     void applyKeepaliveLocked();
     // TCP_CORK, as set, to the connection.
     void applyCorkLocked();
-    // Keeps an option that has no effect for getsockopt; -ENOPROTOOPT for one not known.
-    int setGenericLocked(int level, int name, int v);
     void setStateLocked(State s)
     {
         state_ = s;

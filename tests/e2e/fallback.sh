@@ -97,7 +97,7 @@ log "excluded (bad rules ignored) and ports counted and logged"
 
 # ---- timeout: the fabric port accepts TCP but never answers ---------------------------------
 for _ in 1 2 3 4 5; do
-	port=$(pick_port) || fail "no free port"
+	port=$(pick_port "$E2E_OFFSET") || fail "no free port"
 	start silent plain 60 "$diag" blackhole "$port" $((port + E2E_OFFSET))
 	server_pid=$last_pid
 	wait_listen "$port" "$server_pid" 1 && break
@@ -136,7 +136,7 @@ grep -Eq "\"path\": \"kernel\", \"reason\": \"kernel_peer\", \"direction\": \"ac
 	"$work"/stats/dual.*.json || fail "dual: no record of the accepted connection"
 expect_log dual "info: fd=[0-9]+ kernel TCP from 127.0.0.1:[0-9]+: kernel_peer"
 
-port=$(pick_port) || fail "no free port"
+port=$(pick_port "$E2E_OFFSET") || fail "no free port"
 start busy plain 60 "$diag" blackhole $((port + E2E_OFFSET))
 wait_listen $((port + E2E_OFFSET)) "$last_pid" || fail "busy: no listener on the fabric port"
 busy_pid=$last_pid

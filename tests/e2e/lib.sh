@@ -66,34 +66,9 @@ need() {
 	done
 }
 
-# Whether anything uses local TCP port $1 (any state, IPv4 or IPv6).
-port_in_use() {
-	local hex
-	hex=$(printf ':%04X' "$1")
-	awk -v p="$hex" 'NR > 1 && substr($2, length($2) - 4) == p { f = 1 } END { exit !f }' \
-		/proc/net/tcp /proc/net/tcp6
-}
-
-# Whether a socket listens on local TCP port $1.
-port_listening() {
-	local hex
-	hex=$(printf ':%04X' "$1")
-	awk -v p="$hex" 'NR > 1 && $4 == "0A" && substr($2, length($2) - 4) == p { f = 1 }
-		END { exit !f }' /proc/net/tcp /proc/net/tcp6
-}
-
-# A port in 20000-40000 that nothing uses, whose fabric port (+20000) nothing uses either.
-pick_port() {
-	local p
-	for _ in $(seq 200); do
-		p=$((20000 + RANDOM % 20001))
-		if ! port_in_use "$p" && ! port_in_use $((p + E2E_OFFSET)); then
-			echo "$p"
-			return 0
-		fi
-	done
-	return 1
-}
+# port_in_use, port_listening and pick_port.
+# shellcheck source-path=SCRIPTDIR source=../lib/ports.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/ports.sh"
 
 # Commands are written "shim ROLE SECONDS PROG ARGS..." (PROG under the shim, statistics in
 # $work/stats/ROLE.<pid>.json) or "plain SECONDS PROG ARGS...", both bounded by timeout; argv
@@ -182,7 +157,7 @@ start_server() {
 	shift 2
 	local attempt arg args
 	for attempt in 1 2 3 4 5; do
-		port=$(pick_port) || fail "no free port"
+		port=$(pick_port "$E2E_OFFSET") || fail "no free port"
 		args=()
 		for arg in "$@"; do
 			args+=("${arg//@PORT@/$port}")

@@ -28,6 +28,7 @@
 
 #include "connection.h"
 #include "listener.h"
+#include "net.h"
 
 using namespace rstream;
 
@@ -54,14 +55,7 @@ uint32_t checksum(const uint8_t *p, size_t n, uint32_t h = 2166136261u)
     return h;
 }
 
-sockaddr_in loopback(uint16_t port)
-{
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    return a;
-}
+using rstest::loopback4;
 
 class EngineTest : public ::testing::TestWithParam<Mode>
 {
@@ -79,7 +73,7 @@ protected:
     std::unique_ptr<Listener> listen(const Settings &s)
     {
         auto l = std::make_unique<Listener>(s);
-        sockaddr_in a = loopback(0);
+        sockaddr_in a = loopback4(0);
         EXPECT_EQ(l->bind(reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
         EXPECT_EQ(l->listen(128), 0);
         sockaddr_storage ss;
@@ -93,7 +87,7 @@ protected:
     std::unique_ptr<Connection> connect(const Settings &s)
     {
         auto c = std::make_unique<Connection>(s);
-        sockaddr_in a = loopback(port_);
+        sockaddr_in a = loopback4(port_);
         int r = c->connect(reinterpret_cast<sockaddr *>(&a), sizeof(a));
         EXPECT_EQ(r, 0) << strerror(-r);
         return c;
@@ -297,7 +291,7 @@ TEST_P(EngineTest, RingsKeepTheirSizeWhenTheReservationFails)
         std::unique_ptr<Connection> s;
         std::thread t([&] { l->accept(&s, false, 10000); });
         auto c = std::make_unique<Connection>(st);
-        sockaddr_in a = loopback(port_);
+        sockaddr_in a = loopback4(port_);
         int r = c->connect(reinterpret_cast<sockaddr *>(&a), sizeof(a));
         t.join();
         if (r != 0 || !s)
@@ -414,7 +408,7 @@ TEST_P(EngineTest, NonblockingConnectAndAccept)
     std::unique_ptr<Connection> accepted;
     EXPECT_EQ(l->accept(&accepted, true), -EAGAIN);
     auto c = std::make_unique<Connection>(settings());
-    sockaddr_in a = loopback(port_);
+    sockaddr_in a = loopback4(port_);
     ASSERT_EQ(c->connect(reinterpret_cast<sockaddr *>(&a), sizeof(a), true), -EINPROGRESS);
     EXPECT_EQ(c->connect(reinterpret_cast<sockaddr *>(&a), sizeof(a), true), -EALREADY);
     // Not writable until the connection is established.
@@ -541,7 +535,7 @@ TEST_P(EngineTest, ConnectToNothingIsRefusedFast)
     uint16_t port = port_;
     l.reset();
     auto c = std::make_unique<Connection>(settings());
-    sockaddr_in a = loopback(port);
+    sockaddr_in a = loopback4(port);
     auto t0 = std::chrono::steady_clock::now();
     EXPECT_EQ(c->connect(reinterpret_cast<sockaddr *>(&a), sizeof(a)), -ECONNREFUSED);
     EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
@@ -555,7 +549,7 @@ TEST_P(EngineTest, PeerProcessKilledMidTransfer)
     ASSERT_GE(pid, 0);
     if (pid == 0) {
         Connection c(settings());
-        sockaddr_in a = loopback(port);
+        sockaddr_in a = loopback4(port);
         if (c.connect(reinterpret_cast<sockaddr *>(&a), sizeof(a)) != 0)
             _exit(1);
         std::vector<uint8_t> buf(1 << 16, 0x5a);
@@ -791,7 +785,7 @@ TEST_P(EngineTest, PeerWithIncompatibleAddressingIsRefused)
         std::unique_ptr<Connection> accepted;
         std::thread t([&] { EXPECT_EQ(l->accept(&accepted, false, 1000), -ETIMEDOUT); });
         Connection c(client);
-        sockaddr_in a = loopback(port_);
+        sockaddr_in a = loopback4(port_);
         int r = c.connect(reinterpret_cast<sockaddr *>(&a), sizeof(a));
         EXPECT_EQ(r, -ECONNREFUSED) << strerror(-r);
         t.join();
@@ -934,7 +928,7 @@ TEST_P(EngineTest, WildcardListenerKeepsItsPort)
         port = port_;
     }
     Listener l(settings());
-    sockaddr_in a = loopback(port);
+    sockaddr_in a = loopback4(port);
     a.sin_addr.s_addr = htonl(INADDR_ANY);
     ASSERT_EQ(l.bind(reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
     ASSERT_EQ(l.listen(16), 0);
@@ -993,7 +987,7 @@ TEST(EngineKeepalive, PeerProcess)
     s.iwarp = strstr(mode, "iwarp") != nullptr;
     s.strict = strstr(mode, "strict") != nullptr;
     Connection c(s);
-    sockaddr_in a = loopback(static_cast<uint16_t>(atoi(port)));
+    sockaddr_in a = loopback4(static_cast<uint16_t>(atoi(port)));
     if (c.connect(reinterpret_cast<sockaddr *>(&a), sizeof(a)) != 0)
         _exit(1);
     for (;;)
@@ -1059,7 +1053,7 @@ struct SilentListener
     explicit SilentListener(bool syn)
     {
         fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        sockaddr_in a = loopback(0);
+        sockaddr_in a = loopback4(0);
         EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
         EXPECT_EQ(::listen(fd, 0), 0);
         socklen_t len = sizeof(a);
@@ -1092,7 +1086,7 @@ TEST_P(EngineTest, UnreachablePeerTimesOutWithinConnectTimeout)
             Settings st = settings();
             st.connectTimeoutMs = 500;
             auto c = std::make_unique<Connection>(st);
-            sockaddr_in a = loopback(silent.port);
+            sockaddr_in a = loopback4(silent.port);
             auto t0 = std::chrono::steady_clock::now();
             int r = c->connect(reinterpret_cast<sockaddr *>(&a), sizeof(a), nonblock);
             if (nonblock) {

@@ -27,6 +27,7 @@
 
 #include "connection.h"
 #include "listener.h"
+#include "net.h"
 
 using namespace rstream;
 
@@ -78,14 +79,7 @@ long envLong(const char *name, long dflt)
     return v && *v ? strtol(v, nullptr, 0) : dflt;
 }
 
-sockaddr_in loopback(uint16_t port)
-{
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    return a;
-}
+using rstest::loopback4;
 
 // Sized by the environment (see above): the fd soft limit raised to the hard one, since every
 // endpoint holds a few, and a loopback listener at a_.
@@ -106,13 +100,13 @@ protected:
             ASSERT_EQ(s_.setRxSize(q), 0);
         }
         l_ = std::make_unique<Listener>(s_);
-        sockaddr_in any = loopback(0);
+        sockaddr_in any = loopback4(0);
         ASSERT_EQ(l_->bind(reinterpret_cast<sockaddr *>(&any), sizeof(any)), 0);
         ASSERT_EQ(l_->listen(4096), 0);
         sockaddr_storage ss;
         socklen_t len = sizeof(ss);
         ASSERT_EQ(l_->localAddress(&ss, &len), 0);
-        a_ = loopback(ntohs(reinterpret_cast<sockaddr_in *>(&ss)->sin_port));
+        a_ = loopback4(ntohs(reinterpret_cast<sockaddr_in *>(&ss)->sin_port));
     }
 
     rlimit rl_{};

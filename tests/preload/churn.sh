@@ -38,27 +38,14 @@ fail() {
 	exit 1
 }
 
-# Whether anything uses local TCP port $1, or listens on it.
-port_in_use() {
-	local hex
-	hex=$(printf ':%04X' "$1")
-	awk -v p="$hex" 'NR > 1 && substr($2, length($2) - 4) == p { f = 1 } END { exit !f }' \
-		/proc/net/tcp /proc/net/tcp6
-}
-port_listening() {
-	local hex
-	hex=$(printf ':%04X' "$1")
-	awk -v p="$hex" 'NR > 1 && $4 == "0A" && substr($2, length($2) - 4) == p { f = 1 }
-		END { exit !f }' /proc/net/tcp /proc/net/tcp6
-}
+# port_listening and pick_port.
+# shellcheck source-path=SCRIPTDIR source=../lib/ports.sh
+. "$(dirname "$0")/../lib/ports.sh"
 
 # The churn server under the shim, on a port whose fabric port is free too; sets port, server.
 start_server() {
 	for _ in 1 2 3 4 5; do
-		port=$((20000 + RANDOM % 20001))
-		if port_in_use "$port" || port_in_use $((port + offset)); then
-			continue
-		fi
+		port=$(pick_port "$offset" 20001 1) || continue
 		"$run" --lib "$lib" --stats "$work/server.%p.json" -- "$prog" server "$port" \
 			"$work/port" >"$work/server.log" 2>&1 &
 		server=$!

@@ -71,24 +71,6 @@ rlim_t raiseFileLimit()
     return rl.rlim_cur;
 }
 
-sockaddr_in loopback4(uint16_t port)
-{
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    return a;
-}
-
-sockaddr_in6 loopback6(uint16_t port)
-{
-    sockaddr_in6 a{};
-    a.sin6_family = AF_INET6;
-    a.sin6_port = htons(port);
-    a.sin6_addr = in6addr_loopback;
-    return a;
-}
-
 uint16_t portOf(const sockaddr_storage &ss)
 {
     if (ss.ss_family == AF_INET)

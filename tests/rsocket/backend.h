@@ -15,6 +15,8 @@
 #include <sys/uio.h>
 #include <utility>
 
+#include "net.h"
+
 namespace rstest {
 
 struct Backend
@@ -59,9 +61,7 @@ std::string backendName(const Backend *b);
 // The highest RLIMIT_NOFILE this process may have; raises the soft limit to it.
 rlim_t raiseFileLimit();
 
-// Loopback addresses.
-sockaddr_in loopback4(uint16_t port);
-sockaddr_in6 loopback6(uint16_t port);
+// The port of an AF_INET or AF_INET6 address; loopback addresses are in net.h.
 uint16_t portOf(const sockaddr_storage &ss);
 
 } // namespace rstest

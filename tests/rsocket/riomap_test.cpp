@@ -16,6 +16,8 @@
 #include <gtest/gtest.h>
 #include <rstream/rsocket.h>
 
+#include "net.h"
+
 namespace {
 
 constexpr size_t kFail = static_cast<size_t>(-1);
@@ -37,9 +39,7 @@ protected:
     {
         listener_ = rsocket(AF_INET, SOCK_STREAM, 0);
         ASSERT_GE(listener_, 0) << strerror(errno);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        sockaddr_in a = rstest::loopback4(0);
         ASSERT_EQ(rbind(listener_, reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
         ASSERT_EQ(rlisten(listener_, 8), 0);
         socklen_t len = sizeof(a);

@@ -31,39 +31,14 @@ fail() {
 	exit 1
 }
 
-# Whether anything uses local TCP port $1 (hex in /proc/net/tcp*).
-port_in_use() {
-	local hex
-	hex=$(printf ':%04X' "$1")
-	awk -v p="$hex" 'NR > 1 && substr($2, length($2) - 4) == p { f = 1 } END { exit !f }' \
-		/proc/net/tcp /proc/net/tcp6
-}
-
-# Whether a socket listens on local TCP port $1.
-port_listening() {
-	local hex
-	hex=$(printf ':%04X' "$1")
-	awk -v p="$hex" 'NR > 1 && $4 == "0A" && substr($2, length($2) - 4) == p { f = 1 }
-		END { exit !f }' /proc/net/tcp /proc/net/tcp6
-}
-
-# A port below the ephemeral range that nothing uses now.
-pick_port() {
-	local p
-	for _ in $(seq 100); do
-		p=$((20000 + RANDOM % 12000))
-		if ! port_in_use "$p"; then
-			echo "$p"
-			return 0
-		fi
-	done
-	return 1
-}
+# port_listening and pick_port.
+# shellcheck source-path=SCRIPTDIR source=../lib/ports.sh
+. "$(dirname "$0")/../lib/ports.sh"
 
 # Without the preload the program uses librdmacm, which needs an RDMA device; this machine has
 # none, so it must fail. That is what proves the successful runs below went through rstream.
 if [ -z "$(ls -A /sys/class/infiniband 2>/dev/null)" ]; then
-	port=$(pick_port)
+	port=$(pick_port 0 12000 100)
 	rc=0
 	timeout 10 "$prog" -b 127.0.0.1 -f ip -p "$port" -S "$size" -C 1 >"$tmp/plain.log" 2>&1 || rc=$?
 	[ "$rc" -ne 0 ] || fail "rstream without the preload succeeded although there is no RDMA device"
@@ -80,7 +55,7 @@ run_pair() {
 	shift
 	local attempt rc
 	for attempt in 1 2 3 4 5; do
-		port=$(pick_port) || fail "no free port"
+		port=$(pick_port 0 12000 100) || fail "no free port"
 		rm -f "$tmp"/ld.*
 		LD_PRELOAD="$lib" timeout 60 "$prog" -b 127.0.0.1 -f ip -p "$port" -S "$size" \
 			-C "$count" "$@" >"$tmp/$name-server.log" 2>&1 &
