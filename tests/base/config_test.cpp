@@ -53,6 +53,11 @@ private:
     bool had_ = false;
 };
 
+// Read from a static initializer, as the libraries' load-time constructors do: the table and
+// the warning flags are constant initialized, so no initialization order can bite.
+const int64_t gEarlyPollUs = getInt("RSTREAM_POLL_US");
+const bool gEarlyBacktrace = getFlag("RSTREAM_BACKTRACE");
+
 int64_t parseText(const char *name, const char *text, int *rc)
 {
     int64_t v = -12345;
@@ -80,6 +85,15 @@ TEST(Config, TableIsWellFormed)
     }
     EXPECT_EQ(find("RSTREAM_NO_SUCH_THING"), nullptr);
     EXPECT_EQ(find("RSTREAM_LOG_"), nullptr);
+}
+
+TEST(Config, UsableBeforeMain)
+{
+    int64_t now = -1;
+    if (read("RSTREAM_POLL_US", &now) != 0)
+        now = 50;
+    EXPECT_EQ(gEarlyPollUs, now);
+    EXPECT_EQ(gEarlyBacktrace, getFlag("RSTREAM_BACKTRACE"));
 }
 
 TEST(Config, NumbersTakeSuffixesAndHex)
