@@ -9,6 +9,7 @@
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
 
+#include "configvars.h"
 #include "crash.h"
 #include "log.h"
 
@@ -538,8 +539,7 @@ __attribute__((noinline)) bool invariantFailed(const char *what, const char *fil
     const char *base = std::strrchr(file, '/');
     RS_LOG(Error, "internal invariant failed: %s (%s:%d); resetting the connection", what,
            base ? base + 1 : file, line);
-    const char *env = std::getenv("RSTREAM_BACKTRACE");
-    if ((env && !std::strcmp(env, "0")) || !logEnabled(LogLevel::Error))
+    if (!config::getFlag("RSTREAM_BACKTRACE") || !logEnabled(LogLevel::Error))
         return false;
     if (gBacktracesLeft.fetch_sub(1, std::memory_order_relaxed) > 0)
         logBacktrace(1); // from the function whose check failed
@@ -570,10 +570,9 @@ void installCrashHandler()
         return;
     installed = true;
     resetFabricSignalHandlers();
-    const char *env = std::getenv("RSTREAM_BACKTRACE");
-    if (env && !strcmp(env, "0"))
+    if (!config::getFlag("RSTREAM_BACKTRACE"))
         return; // no report
-    const char *path = std::getenv("RSTREAM_LOG_FILE");
+    const char *path = config::getString("RSTREAM_LOG_FILE");
     if (path && strlen(path) < sizeof(gLogPath))
         strcpy(gLogPath, path);
     dl_iterate_phdr(collectDso, nullptr);

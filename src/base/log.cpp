@@ -12,9 +12,10 @@
 #include <new>
 #include <pthread.h>
 #include <string>
-#include <strings.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "configvars.h"
 
 namespace rstream {
 
@@ -33,17 +34,22 @@ bool gPathHasPid = false; // its name has %p: a fork child opens its own
 // gLogFd once settled; an atomic so that a signal handler on any thread may read it.
 std::atomic<int> gLogFdReady{-1};
 
+// Read under gInitMutex, before the level is known: through the registry's calls that never
+// log (a line logged from here would wait for that mutex). Both are in its table, so getString
+// has no internal error to log either.
+static_assert(config::find("RSTREAM_LOG") && config::find("RSTREAM_LOG_FILE"));
+static_assert(config::find("RSTREAM_LOG")->kind == config::Kind::Level);
+
 // The level RSTREAM_LOG names; *bad when it names none (warn is used).
 int levelFromEnv(const char **bad)
 {
-    const char *v = std::getenv("RSTREAM_LOG");
-    if (!v || !*v)
-        return static_cast<int>(LogLevel::Warn);
-    for (int i = 0; i < 5; i++)
-        if (!strcasecmp(v, kLevelNames[i]))
-            return i;
-    *bad = v;
-    return static_cast<int>(LogLevel::Warn);
+    int64_t level;
+    const int rc = config::read("RSTREAM_LOG", &level);
+    if (rc == 0)
+        return static_cast<int>(level);
+    if (rc == -EINVAL)
+        *bad = std::getenv("RSTREAM_LOG");
+    return static_cast<int>(config::defaultValue(*config::find("RSTREAM_LOG")));
 }
 
 // Opens RSTREAM_LOG_FILE (%p = pid, appended); stderr when unset or when it cannot be opened.
@@ -52,8 +58,8 @@ void openLogFile(std::string *failed)
     gLogFd = STDERR_FILENO;
     gOwnFd = false;
     gPathHasPid = false;
-    const char *path = std::getenv("RSTREAM_LOG_FILE");
-    if (!path || !*path)
+    const char *path = config::getString("RSTREAM_LOG_FILE");
+    if (!path)
         return;
     std::string p;
     for (const char *c = path; *c; c++) {

@@ -1,59 +1,12 @@
 // SPDX-License-Identifier: MIT
-// Settings defaults, validation and the RSTREAM_* environment.
+// Settings defaults, validation, and the RSTREAM_* environment read through the registry.
 
 #include "settings.h"
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
-#include <cstring>
-
-#include "log.h"
 
 namespace rstream {
-
-int parseSize(const char *text, uint64_t *out)
-{
-    if (!text)
-        return -EINVAL;
-    while (*text == ' ' || *text == '\t')
-        text++;
-    // Decimal, or hexadecimal with 0x; never octal, and never negative.
-    int base = (text[0] == '0' && (text[1] == 'x' || text[1] == 'X')) ? 16 : 10;
-    if (!*text || text[0] == '-' || text[0] == '+')
-        return -EINVAL;
-    errno = 0;
-    char *end = nullptr;
-    unsigned long long v = std::strtoull(text, &end, base);
-    if (errno || end == text)
-        return -EINVAL;
-    unsigned shift = 0;
-    switch (*end) {
-    case '\0':
-        break;
-    case 'k':
-    case 'K':
-        shift = 10;
-        end++;
-        break;
-    case 'm':
-    case 'M':
-        shift = 20;
-        end++;
-        break;
-    case 'g':
-    case 'G':
-        shift = 30;
-        end++;
-        break;
-    default:
-        return -EINVAL;
-    }
-    if (*end != '\0' || (shift && v > (~0ull >> shift)))
-        return -EINVAL;
-    *out = v << shift;
-    return 0;
-}
 
 int Settings::setSendBuf(size_t bytes)
 {
@@ -89,71 +42,40 @@ int Settings::setRxSize(uint64_t entries)
 
 namespace {
 
-template <typename Setter>
-void fromEnvVar(const char *name, Setter set)
+// The registry (src/base/configvars.h) holds the ranges; these are the engine's own limits.
+constexpr bool inRange(const char *name, int64_t min, int64_t max)
 {
-    const char *text = std::getenv(name);
-    if (!text)
-        return;
-    uint64_t v;
-    if (parseSize(text, &v) < 0 || set(v) < 0)
-        RS_LOG(Warn, "ignoring %s=%s: invalid or out of range", name, text);
+    const config::ConfigVar *v = config::find(name);
+    return v && v->min == min && v->max == max;
 }
+static_assert(inRange("RSTREAM_TX_SIZE", Settings::kMinQueue, Settings::kMaxQueue));
+static_assert(inRange("RSTREAM_RX_SIZE", Settings::kMinQueue, Settings::kMaxQueue));
+static_assert(inRange("RSTREAM_SEND_BUF", Settings::kMinBuf, Settings::kMaxBuf));
+static_assert(inRange("RSTREAM_RECV_BUF", Settings::kMinBuf, Settings::kMaxBuf));
+static_assert(inRange("RSTREAM_SEND_BUF_MAX", Settings::kMinBuf, Settings::kMaxBuf));
+static_assert(inRange("RSTREAM_RECV_BUF_MAX", Settings::kMinBuf, Settings::kMaxBuf));
 
 Settings loadEnv()
 {
+    // A variable unset or invalid (logged once) keeps the default of Settings itself, which the
+    // settings test checks against the table's.
     Settings s;
     // The initial sizes; the rings still grow up to the limits, which 0 sets to the initial
     // size (no growth).
-    fromEnvVar("RSTREAM_SEND_BUF_MAX", [&](uint64_t v) {
-        if (v != 0 && (v < Settings::kMinBuf || v > Settings::kMaxBuf))
-            return -EINVAL;
-        s.sendBufMax = v;
-        return 0;
-    });
-    fromEnvVar("RSTREAM_RECV_BUF_MAX", [&](uint64_t v) {
-        if (v != 0 && (v < Settings::kMinBuf || v > Settings::kMaxBuf))
-            return -EINVAL;
-        s.recvBufMax = v;
-        return 0;
-    });
-    fromEnvVar("RSTREAM_SEND_BUF", [&](uint64_t v) {
-        if (v < Settings::kMinBuf || v > Settings::kMaxBuf)
-            return -EINVAL;
-        s.sendBuf = v;
-        return 0;
-    });
-    fromEnvVar("RSTREAM_RECV_BUF", [&](uint64_t v) {
-        if (v < Settings::kMinBuf || v > Settings::kMaxBuf)
-            return -EINVAL;
-        s.recvBuf = v;
-        return 0;
-    });
+    s.sendBufMax = static_cast<size_t>(config::getInt("RSTREAM_SEND_BUF_MAX", s.sendBufMax));
+    s.recvBufMax = static_cast<size_t>(config::getInt("RSTREAM_RECV_BUF_MAX", s.recvBufMax));
+    s.sendBuf = static_cast<size_t>(config::getInt("RSTREAM_SEND_BUF", s.sendBuf));
+    s.recvBuf = static_cast<size_t>(config::getInt("RSTREAM_RECV_BUF", s.recvBuf));
     s.sendBufMax = std::max(s.sendBufMax, s.sendBuf);
     s.recvBufMax = std::max(s.recvBufMax, s.recvBuf);
-    fromEnvVar("RSTREAM_TX_SIZE", [&](uint64_t v) { return s.setTxSize(v); });
-    fromEnvVar("RSTREAM_RX_SIZE", [&](uint64_t v) { return s.setRxSize(v); });
-    fromEnvVar("RSTREAM_POLL_US", [&](uint64_t v) {
-        if (v > 1000000)
-            return -EINVAL;
-        s.pollUs = static_cast<uint32_t>(v);
-        return 0;
-    });
-    fromEnvVar("RSTREAM_CONNECT_TIMEOUT_MS", [&](uint64_t v) {
-        if (v < 1 || v > 3600 * 1000)
-            return -EINVAL;
-        s.connectTimeoutMs = static_cast<int>(v);
-        return 0;
-    });
-    fromEnvVar("RSTREAM_IWARP", [&](uint64_t v) {
-        s.iwarp = v != 0;
-        return 0;
-    });
-    fromEnvVar("RSTREAM_STRICT", [&](uint64_t v) {
-        s.strict = v != 0;
-        return 0;
-    });
-    if (const char *p = std::getenv("RSTREAM_PROVIDER"))
+    s.txSize = static_cast<uint32_t>(config::getInt("RSTREAM_TX_SIZE", s.txSize));
+    s.rxSize = static_cast<uint32_t>(config::getInt("RSTREAM_RX_SIZE", s.rxSize));
+    s.pollUs = static_cast<uint32_t>(config::getInt("RSTREAM_POLL_US", s.pollUs));
+    s.connectTimeoutMs =
+        static_cast<int>(config::getInt("RSTREAM_CONNECT_TIMEOUT_MS", s.connectTimeoutMs));
+    s.iwarp = config::getInt("RSTREAM_IWARP", s.iwarp) != 0;
+    s.strict = config::getInt("RSTREAM_STRICT", s.strict) != 0;
+    if (const char *p = config::getString("RSTREAM_PROVIDER"))
         s.provider = p;
     return s;
 }

@@ -6,12 +6,14 @@
 #include <cstdint>
 #include <string>
 
+#include "configvars.h" // parseSize, and the table fromEnv reads
+
 namespace rstream {
 
 struct Settings
 {
-    static constexpr size_t kMinBuf = 1024;
-    static constexpr size_t kMaxBuf = size_t(1) << 28;
+    static constexpr size_t kMinBuf = config::kMinBuf;
+    static constexpr size_t kMaxBuf = config::kMaxBuf;
     static constexpr uint32_t kMinQueue = 8;
     static constexpr uint32_t kMaxQueue = 8191;
 
@@ -31,8 +33,8 @@ struct Settings
     bool strict = false;         // ask the provider for verbs-shaped MR semantics (tests)
     std::string provider;        // empty: verbs when usable, else tcp
 
-    // The defaults overridden by RSTREAM_* environment variables. Invalid values are logged
-    // once and ignored.
+    // The defaults overridden by RSTREAM_* environment variables (the registry in configvars.h
+    // parses and checks them). Invalid values are logged once and ignored.
     static const Settings &fromEnv();
 
     // Setters validate: -EINVAL for out-of-range values. The buffer setters fix the size (no
@@ -42,8 +44,5 @@ struct Settings
     int setTxSize(uint64_t entries);
     int setRxSize(uint64_t entries);
 };
-
-// Parses a size with an optional k/m/g suffix (powers of 1024); -EINVAL when malformed.
-int parseSize(const char *text, uint64_t *out);
 
 } // namespace rstream

@@ -131,6 +131,30 @@ TEST(Settings, Defaults)
     EXPECT_GT(s.connectTimeoutMs, 0);
 }
 
+// fromEnv keeps a Settings field's own default for a variable unset or invalid: the registry's
+// table (README, man page) must say the same.
+TEST(Settings, DefaultsAreTheRegistrys)
+{
+    const Settings s;
+    auto def = [](const char *name) {
+        const config::ConfigVar *v = config::find(name);
+        EXPECT_NE(v, nullptr) << name;
+        return v ? config::defaultValue(*v) : -1;
+    };
+    EXPECT_EQ(def("RSTREAM_SEND_BUF"), int64_t(s.sendBuf));
+    EXPECT_EQ(def("RSTREAM_RECV_BUF"), int64_t(s.recvBuf));
+    EXPECT_EQ(def("RSTREAM_SEND_BUF_MAX"), int64_t(s.sendBufMax));
+    EXPECT_EQ(def("RSTREAM_RECV_BUF_MAX"), int64_t(s.recvBufMax));
+    EXPECT_EQ(def("RSTREAM_TX_SIZE"), int64_t(s.txSize));
+    EXPECT_EQ(def("RSTREAM_RX_SIZE"), int64_t(s.rxSize));
+    EXPECT_EQ(def("RSTREAM_POLL_US"), int64_t(s.pollUs));
+    EXPECT_EQ(def("RSTREAM_CONNECT_TIMEOUT_MS"), int64_t(s.connectTimeoutMs));
+    EXPECT_EQ(def("RSTREAM_IWARP"), int64_t(s.iwarp));
+    EXPECT_EQ(def("RSTREAM_STRICT"), int64_t(s.strict));
+    EXPECT_TRUE(s.provider.empty());
+    EXPECT_EQ(*config::find("RSTREAM_PROVIDER")->defaultText, '\0');
+}
+
 TEST(Settings, BufferSettersCheckTheRange)
 {
     using Setter = int (Settings::*)(size_t);
