@@ -64,14 +64,9 @@ const ShimConfig &shimConfig()
 
 int spinUs()
 {
-    static std::atomic<int> us{-1};
-    int v = us.load(std::memory_order_relaxed);
-    if (v < 0) {
-        EngineCall ec;
-        v = static_cast<int>(Settings::fromEnv().pollUs);
-        us.store(v, std::memory_order_relaxed);
-    }
-    return v;
+    // The first call reads the environment and may log: an engine call.
+    EngineCall ec;
+    return static_cast<int>(Settings::fromEnv().pollUs);
 }
 
 namespace {

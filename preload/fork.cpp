@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "configvars.h"
 #include "crash.h"
 #include "shim.h"
 
@@ -147,8 +148,8 @@ __attribute__((constructor)) void shimInit()
     setenv("RDMAV_FORK_SAFE", "1", 0);
     resolveAllReal();
     initFdLimit();
-    const char *stats = getenv("RSTREAM_STATS");
-    if (stats && *stats && strlen(stats) < sizeof(gStatsPath)) {
+    const char *stats = config::getString("RSTREAM_STATS");
+    if (stats && strlen(stats) < sizeof(gStatsPath)) {
         strcpy(gStatsPath, stats);
         // Inherited by fork and daemon() children, which write their own file (%p).
         atexit(writeStats);

@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 #include <vector>
 
+#include "configvars.h"
 #include "shim.h"
 
 namespace rstream::shim {
@@ -173,12 +174,10 @@ void initFdLimit()
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
         return;
     rlim_t original = rl.rlim_cur;
-    if (const char *inherited = getenv("RSTREAM_NOFILE_ORIG")) {
-        char *end = nullptr;
-        unsigned long long v = strtoull(inherited, &end, 10);
-        if (end != inherited && *end == '\0' && v > 0 && v <= rl.rlim_cur)
-            original = static_cast<rlim_t>(v);
-    }
+    // Silently: a value above the current limit is a stale one, not a user's mistake.
+    int64_t inherited;
+    if (config::read("RSTREAM_NOFILE_ORIG", &inherited) == 0 && rlim_t(inherited) <= rl.rlim_cur)
+        original = static_cast<rlim_t>(inherited);
     char text[32];
     snprintf(text, sizeof(text), "%llu", static_cast<unsigned long long>(original));
     setenv("RSTREAM_NOFILE_ORIG", text, 1);

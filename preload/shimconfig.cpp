@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "configvars.h"
 #include "fabric.h"
 #include "log.h"
 #include "settings.h"
@@ -28,18 +29,25 @@ int parseNumber(const std::string &s, int lo, int hi)
     return n >= lo && n <= hi ? n : -1;
 }
 
-int envInt(const EnvLookup &env, const char *name, int def, int lo, int hi)
+// A numeric variable, in the syntax and range the registry (configvars.h) gives it; def when
+// unset, and when invalid (logged, as the registry's getters do).
+int envInt(const EnvLookup &env, const char *name, int def)
 {
     const char *v = env(name);
-    if (!v || !*v)
+    const config::ConfigVar *var = config::find(name);
+    int64_t n;
+    if (!v || !*v || !var)
         return def;
-    char *end;
-    long n = std::strtol(v, &end, 10);
-    if (*end || n < lo || n > hi) {
-        RS_LOG(Warn, "%s=%s is not a number in %d..%d; using %d", name, v, lo, hi, def);
+    if (config::parse(*var, v, &n) < 0) {
+        RS_LOG(Warn, "ignoring %s=%s: invalid or out of range", name, v);
         return def;
     }
     return static_cast<int>(n);
+}
+
+int envDefault(const char *name)
+{
+    return static_cast<int>(config::defaultValue(*config::find(name)));
 }
 
 } // namespace
@@ -49,7 +57,7 @@ ShimConfig ShimConfig::fromEnv()
     // verbs on IB/RoCE has a port space of its own: the fabric listener takes the app's port.
     // tcp (and iWarp) share the kernel's, so the fabric listener needs another one.
     const std::string &prov = chooseProvider(Settings::fromEnv());
-    const int defOffset = prov == "verbs" ? 0 : 20000;
+    const int defOffset = prov == "verbs" ? 0 : envDefault("RSTREAM_PORT_OFFSET");
     return parse([](const char *name) -> const char * { return std::getenv(name); }, defOffset,
                  Settings::fromEnv().connectTimeoutMs);
 }
@@ -57,10 +65,11 @@ ShimConfig ShimConfig::fromEnv()
 ShimConfig ShimConfig::parse(const EnvLookup &env, int defaultPortOffset, int connectTimeoutMs)
 {
     ShimConfig c;
-    c.enabled = envInt(env, "RSTREAM_ENABLE", 1, 0, 1) != 0;
-    c.portOffset = envInt(env, "RSTREAM_PORT_OFFSET", defaultPortOffset, 0, 65535);
+    c.enabled = envInt(env, "RSTREAM_ENABLE", envDefault("RSTREAM_ENABLE")) != 0;
+    c.portOffset = envInt(env, "RSTREAM_PORT_OFFSET", defaultPortOffset);
     c.connectTimeoutMs = connectTimeoutMs;
-    c.negativeCacheMs = envInt(env, "RSTREAM_NEGATIVE_CACHE_MS", 30000, 0, 86400000);
+    c.negativeCacheMs =
+        envInt(env, "RSTREAM_NEGATIVE_CACHE_MS", envDefault("RSTREAM_NEGATIVE_CACHE_MS"));
     if (const char *ports = env("RSTREAM_PORTS")) {
         // "5201,6379,7000-7100"
         std::string s(ports);

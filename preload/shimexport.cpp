@@ -22,6 +22,7 @@
 #include <thread>
 #include <unistd.h>
 
+#include "configvars.h"
 #include "connection.h"
 #include "log.h"
 
@@ -138,8 +139,7 @@ Header *Registry::ensureExportLocked()
     if (exportTried)
         return nullptr;
     exportTried = true;
-    const char *env = std::getenv("RSTREAM_EXPORT");
-    if (env && !std::strcmp(env, "0"))
+    if (!config::getFlag("RSTREAM_EXPORT"))
         return nullptr;
     const pid_t pid = getpid();
     const std::string path = exportPath(pid);

@@ -61,8 +61,7 @@ std::shared_ptr<Pollable> resolvePollable(int fd)
 
 int spinUs()
 {
-    static const int us = Settings::fromEnv().pollUs;
-    return us;
+    return static_cast<int>(Settings::fromEnv().pollUs);
 }
 
 void internalError()

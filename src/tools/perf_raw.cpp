@@ -35,6 +35,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
+#include "configvars.h"
 #include "perf.h"
 
 namespace rstream::perf {
@@ -123,8 +124,9 @@ void logErr(const char *what, int err)
 
 const char *providerName()
 {
-    const char *env = getenv("RSTREAM_PROVIDER");
-    return env && *env ? env : "tcp";
+    // The raw path has no verbs probing of its own: tcp unless the variable names another.
+    const char *env = config::getString("RSTREAM_PROVIDER");
+    return env ? env : "tcp";
 }
 
 fi_info *makeHints()
