@@ -20,6 +20,7 @@
 
 #include "credits.h"
 #include "fabric.h"
+#include "progress.h"
 #include "ring.h"
 #include "settings.h"
 #include "wire.h"
@@ -27,7 +28,6 @@
 namespace rstream {
 
 class Listener;
-class ProgressThread;
 
 // Flags for send/recv.
 enum IoFlags : int
@@ -45,11 +45,11 @@ enum WaitEvents : int
     kWritable = 1 << 1,
 };
 
-class Connection
+class Connection : public ProgressClient
 {
 public:
     explicit Connection(const Settings &settings = Settings::fromEnv());
-    ~Connection();
+    ~Connection() override;
     Connection(const Connection &) = delete;
     Connection &operator=(const Connection &) = delete;
 
@@ -107,7 +107,7 @@ public:
     static void abort(std::unique_ptr<Connection> conn);
 
     // The fd to poll for any change of this connection (data, space, connection, EOF).
-    int waitFd() const { return waitFd_; }
+    int waitFd() const override { return waitFd_; }
     // Arms the wait fd before sleeping on it: 0 when it is safe to sleep, -EAGAIN when events
     // are already pending (make progress and look again instead).
     int arm();
@@ -197,22 +197,16 @@ public:
     // (unsent or in-flight data, owed messages, a pending close), kProgressBusy when the
     // application holds the connection or drives its progress itself (look again later, on the
     // timer only). closedDone: a closing connection may be destroyed.
-    enum
-    {
-        kProgressDone = 0,
-        kProgressMore = 1,
-        kProgressBusy = 2
-    };
-    int backgroundProgress(bool *closedDone);
+    int backgroundProgress(bool *closedDone) override;
     // For the progress thread at exit: a closing connection has handed everything over.
-    bool closeDelivered() const { return delivered_.load(std::memory_order_acquire); }
+    bool closeDelivered() const override { return delivered_.load(std::memory_order_acquire); }
     // For the progress thread's timer: connection deadlines and keepalive. Returns the next
     // deadline (0: none). *watch: the connection now has background work and is marked watched.
-    int64_t timerTick(int64_t nowNs, bool *watch);
+    int64_t timerTick(int64_t nowNs, bool *watch) override;
     // For the progress thread when the wait fd of a connection in its passive set is readable
     // (the application may be making no calls): answers what arrived. false: it is finished
     // (failed or shut down) and leaves the passive set.
-    bool passiveProgress(bool *watch);
+    bool passiveProgress(bool *watch) override;
 
 private:
     friend class Listener;
