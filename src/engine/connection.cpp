@@ -186,8 +186,8 @@ Connection::Info Connection::info()
     i.sendGrowths = sendGrowths_;
     i.recvGrowths = recvGrowths_;
     i.unackedBytes = static_cast<uint32_t>(tx_.unsent() + tx_.inFlight());
-    i.probes = kaUnanswered_;
-    i.probesSent = kaSent_;
+    i.probes = ka_.unanswered();
+    i.probesSent = ka_.sent();
     return i;
 }
 

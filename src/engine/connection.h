@@ -20,6 +20,7 @@
 
 #include "credits.h"
 #include "fabric.h"
+#include "keepalive.h"
 #include "progress.h"
 #include "ring.h"
 #include "settings.h"
@@ -364,17 +365,8 @@ private:
     socklen_t bindLen_ = 0;
     bool passive_ = false; // in the progress thread's passive set
 
-    // Keepalive (TCP's defaults).
-    bool kaOn_ = false;
-    int kaIdle_ = 7200;
-    int kaInterval_ = 75;
-    int kaCount_ = 9;
-    bool rxSeen_ = false;     // a word arrived since lastRxNs_ was taken
-    bool kaAckOwed_ = false;  // the peer probed; KEEPALIVE_ACK not sent yet
-    int64_t lastRxNs_ = 0;    // when a word last arrived (with keepalive on)
-    int64_t lastProbeNs_ = 0; // when the last probe went
-    uint32_t kaUnanswered_ = 0;
-    uint64_t kaSent_ = 0;
+    KeepaliveTimer ka_;
+    bool kaAckOwed_ = false; // the peer probed; KEEPALIVE_ACK not sent yet
 
     SendRing tx_;
     RecvRing rx_;

@@ -222,10 +222,8 @@ void Connection::processEqLocked()
             if (state_ == State::Connected && !passive_) {
                 passive_ = true;
                 ProgressThread::instance().addPassive(this, waitFd_);
-                if (kaOn_) {
-                    lastRxNs_ = nowNs();
-                    ProgressThread::instance().schedule(this, lastRxNs_);
-                }
+                if (ka_.on())
+                    ProgressThread::instance().schedule(this, ka_.start(nowNs()));
             }
         } else if (event == FI_SHUTDOWN) {
             // Everything the peer sent before it went is already in the CQ.

@@ -113,14 +113,9 @@ void Connection::progressLocked(bool app)
             sendWordLocked(wire::encodeCtrl(wire::Ctrl::KeepaliveAck)) == 0)
             kaAckOwed_ = false;
     }
-    if (rxSeen_) {
-        // Only keepalive needs the time of arrival: no clock read otherwise.
-        rxSeen_ = false;
-        if (kaOn_) {
-            lastRxNs_ = nowNs();
-            kaUnanswered_ = 0;
-        }
-    }
+    // Only keepalive needs the time of arrival: no clock read otherwise.
+    if (ka_.takeWord() && ka_.on())
+        ka_.onRx(nowNs());
     if ((state_ == State::Connecting || (state_ == State::Accepting && !error_)) &&
         nowNs() >= connectDeadlineNs_)
         failLocked(-ETIMEDOUT, "connect timed out");
@@ -223,7 +218,7 @@ void Connection::handleWordLocked(uint32_t word, const uint8_t *record)
         return;
     }
     changed_ = true;
-    rxSeen_ = true;
+    ka_.noteWord();
     local_.onSlotReposted();
     switch (m->op) {
     case wire::Op::Data: {
@@ -286,7 +281,7 @@ void Connection::handleWordLocked(uint32_t word, const uint8_t *record)
             kaAckOwed_ = true; // sent by progressLocked(), with credit permitting
             break;
         case wire::Ctrl::KeepaliveAck:
-            break; // any word is an answer: rxSeen_
+            break; // any word is an answer: ka_.noteWord()
         case wire::Ctrl::Grow:
             onGrowLocked(m->arg);
             break;
