@@ -46,21 +46,16 @@ Connection::~Connection()
         if (!closed_ && (state_ == State::Connected || state_ == State::Accepting ||
                          state_ == State::Connecting))
             fi_shutdown(ep_, 0);
-        fi_close(&ep_->fid);
+        ep_.reset();
     }
     for (LocalWindow &w : windows_)
         if (w.mr)
             fi_close(&w.mr->fid);
-    if (remoteMr_)
-        fi_close(&remoteMr_->fid);
-    if (localMr_)
-        fi_close(&localMr_->fid);
-    if (cq_)
-        fi_close(&cq_->fid);
-    if (eq_)
-        fi_close(&eq_->fid);
-    if (waitSet_)
-        fi_close(&waitSet_->fid);
+    remoteMr_.reset();
+    localMr_.reset();
+    cq_.reset();
+    eq_.reset();
+    waitSet_.reset();
     if (info_)
         fi_freeinfo(info_);
     delete[] txOps_;

@@ -20,6 +20,7 @@
 
 #include "credits.h"
 #include "fabric.h"
+#include "fid.h"
 #include "keepalive.h"
 #include "progress.h"
 #include "ring.h"
@@ -310,13 +311,14 @@ private:
     Settings settings_;
     std::shared_ptr<Domain> domain_;
     fi_info *info_ = nullptr;
-    fid_ep *ep_ = nullptr;
-    fid_eq *eq_ = nullptr;
-    fid_cq *cq_ = nullptr;
-    fid_wait *waitSet_ = nullptr;
+    // Closed by the destructor in the order they depend on each other: the endpoint first.
+    FidPtr<fid_wait> waitSet_;
+    FidPtr<fid_eq> eq_;
+    FidPtr<fid_cq> cq_;
+    FidPtr<fid_mr> localMr_;
+    FidPtr<fid_mr> remoteMr_;
+    FidPtr<fid_ep> ep_;
     int waitFd_ = -1;
-    fid_mr *localMr_ = nullptr;
-    fid_mr *remoteMr_ = nullptr;
     void *localDesc_ = nullptr;
 
     // One anonymous mapping: send ring area | receive ring area | slot words | control words.

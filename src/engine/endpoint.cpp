@@ -71,7 +71,7 @@ int Connection::setup(const fi_info *info)
 
     fi_wait_attr wattr{};
     wattr.wait_obj = FI_WAIT_FD;
-    ret = fi_wait_open(domain_->fabric(), &wattr, &waitSet_);
+    ret = fi_wait_open(domain_->fabric(), &wattr, waitSet_.out());
     if (ret)
         return fiErr(ret);
     ret = fi_control(&waitSet_->fid, FI_GETWAIT, &waitFd_);
@@ -81,7 +81,7 @@ int Connection::setup(const fi_info *info)
     fi_eq_attr eattr{};
     eattr.wait_obj = FI_WAIT_SET;
     eattr.wait_set = waitSet_;
-    ret = fi_eq_open(domain_->fabric(), &eattr, &eq_, this);
+    ret = fi_eq_open(domain_->fabric(), &eattr, eq_.out(), this);
     if (ret)
         return fiErr(ret);
     fi_cq_attr cattr{};
@@ -89,7 +89,7 @@ int Connection::setup(const fi_info *info)
     cattr.wait_obj = FI_WAIT_SET;
     cattr.wait_set = waitSet_;
     cattr.size = txCap_ + rxCount_ + 16;
-    ret = fi_cq_open(domain_->domain(), &cattr, &cq_, this);
+    ret = fi_cq_open(domain_->domain(), &cattr, cq_.out(), this);
     if (ret)
         return fiErr(ret);
 
@@ -98,7 +98,7 @@ int Connection::setup(const fi_info *info)
         return -ENOMEM;
     epInfo->tx_attr->size = txCap_;
     epInfo->rx_attr->size = rxCount_;
-    ret = fi_endpoint(domain_->domain(), epInfo, &ep_, this);
+    ret = fi_endpoint(domain_->domain(), epInfo, ep_.out(), this);
     fi_freeinfo(epInfo);
     if (ret)
         return fiErr(ret);
@@ -157,11 +157,12 @@ int Connection::registerMemory()
     const ProviderCaps &caps = domain_->caps();
     // Only the receive area is remotely writable (and the application's riomap windows): the
     // whole area, as the rings it will hold are written under the same key.
-    int ret = registerRegion(recvArea_, recvReserve_, FI_REMOTE_WRITE, &remoteMr_);
+    int ret = registerRegion(recvArea_, recvReserve_, FI_REMOTE_WRITE, remoteMr_.out());
     if (ret < 0)
         return ret;
     if (caps.mrLocal) {
-        ret = registerRegion(mem_, memSize_, FI_SEND | FI_RECV | FI_WRITE | FI_READ, &localMr_);
+        ret =
+            registerRegion(mem_, memSize_, FI_SEND | FI_RECV | FI_WRITE | FI_READ, localMr_.out());
         if (ret < 0)
             return ret;
         localDesc_ = fi_mr_desc(localMr_);
