@@ -48,7 +48,7 @@ Connection::~Connection()
             fi_shutdown(ep_, 0);
         ep_.reset();
     }
-    for (LocalWindow &w : windows_)
+    for (const LocalWindow &w : windows_.local())
         if (w.mr)
             fi_close(&w.mr->fid);
     remoteMr_.reset();

@@ -4,7 +4,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <netinet/in.h>
@@ -25,6 +24,7 @@
 #include "progress.h"
 #include "ring.h"
 #include "settings.h"
+#include "window_table.h"
 #include "wire.h"
 
 namespace rstream {
@@ -229,22 +229,6 @@ private:
         bool done;
         bool record; // an IOMAP send: frees a record buffer when released
     };
-    // A window of ours the peer may write (remote), or a PROT_NONE mapping (mr null).
-    struct LocalWindow
-    {
-        void *buf;
-        size_t len;
-        uint64_t offset;
-        fid_mr *mr;
-        uint32_t id;
-    };
-    // A window of the peer's, as its validated IOMAP record announced it (length 0: free).
-    using PeerWindow = wire::IoMapRecord;
-    struct PendingRecord
-    {
-        uint32_t id;
-        wire::IoMapRecord rec;
-    };
     struct RxSlot
     {
         fi_context2 ctx;
@@ -272,8 +256,6 @@ private:
     void handleIoMapLocked(uint32_t id, const uint8_t *record);
     bool flushRecordsLocked();
     bool canWriteWindowLocked() const;
-    const PeerWindow *findPeerWindowLocked(uint64_t offset, uint64_t len) const;
-    bool overlapsLocalWindowLocked(uint64_t offset, uint64_t len) const;
     void releaseWindowsLocked();
     void onTxCompleteLocked(TxOp *op);
     // force: nothing waits to coalesce behind writes in flight. uncork: corked data goes too
@@ -394,12 +376,9 @@ private:
     // riomap windows. Ours: ids below the peer's ioMapSize; records go out in stream order.
     static constexpr uint32_t kRecordBufs = 8;
     static constexpr int kWindowWritable = 1 << 8; // waitFor(): writeWindow() can go on
-    std::vector<LocalWindow> windows_;
-    std::vector<bool> windowIdUsed_;
-    std::deque<PendingRecord> recordQueue_; // not sent yet; at most two per id
+    WindowTable windows_;
     uint64_t recordsPosted_ = 0;
     uint64_t recordsDone_ = 0;
-    std::vector<PeerWindow> peerWindows_; // the peer's, indexed by id (our ioMapSize)
 
     TxOp *txOps_ = nullptr; // txCap_ entries, used in order
     uint32_t txCap_ = 0;

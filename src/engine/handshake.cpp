@@ -45,8 +45,7 @@ int Connection::applyPeerHello(const wire::Hello &peer)
     if (!(peer.flags & wire::kFlagGrow))
         growRecv_ = false;
     local_.init(rx_.size, rxCount_);
-    windowIdUsed_.assign(peer.ioMapSize, false);
-    peerWindows_.assign(settings_.ioMapSize, PeerWindow{});
+    windows_.init(peer.ioMapSize, settings_.ioMapSize);
     return 0;
 }
 

@@ -257,7 +257,7 @@ bool Connection::needsBackgroundLocked() const
     // Data held for the cork waits for its timer, not for the progress thread's rounds.
     return (tx_.unsent() > 0 && !corkHeld_) || tx_.inFlight() > 0 || txNext_ != txHead_ ||
            local_.due() || injectPending_ || (shutWr_ && !shutWrSent_) || closing_ || kaAckOwed_ ||
-           !recordQueue_.empty();
+           !windows_.recordsEmpty();
 }
 
 void Connection::watch()

@@ -34,27 +34,22 @@ int Connection::mapWindow(void *buf, size_t len, bool remote, off_t offset, off_
     uint64_t off = reinterpret_cast<uintptr_t>(buf);
     if (offset >= 0) {
         off = uint64_t(offset);
-        if (remote && overlapsLocalWindowLocked(off, len))
+        if (remote && windows_.overlapsLocal(off, len))
             return -EINVAL;
-    } else if (remote && (off > kMaxOff - len || overlapsLocalWindowLocked(off, len))) {
+    } else if (remote && (off > kMaxOff - len || windows_.overlapsLocal(off, len))) {
         // The buffer's address is taken (or out of off_t's range): above every window.
-        off = 0;
-        for (const LocalWindow &w : windows_)
-            if (w.mr)
-                off = std::max<uint64_t>(off, alignUp(w.offset + w.len, 4096));
+        off = windows_.offsetAboveLocal();
         if (off > kMaxOff - len)
             return -ENOMEM;
     } else if (!remote) {
         off &= kMaxOff;
     }
-    windows_.reserve(windows_.size() + 1);
+    windows_.reserveLocal();
     fid_mr *mr = nullptr;
     uint32_t id = 0;
     if (remote) {
-        auto it = std::find(windowIdUsed_.begin(), windowIdUsed_.end(), false);
-        if (it == windowIdUsed_.end())
+        if (!windows_.freeId(&id))
             return -ENOMEM; // the peer's table is full (its RDMA_IOMAPSIZE)
-        id = static_cast<uint32_t>(it - windowIdUsed_.begin());
         int ret = registerRegion(buf, len, FI_REMOTE_WRITE, &mr);
         if (ret < 0)
             return ret;
@@ -63,10 +58,10 @@ int Connection::mapWindow(void *buf, size_t len, bool remote, off_t offset, off_
         rec.length = len;
         rec.addr = domain_->caps().virtAddr ? reinterpret_cast<uintptr_t>(buf) : 0;
         rec.key = fi_mr_key(mr);
-        recordQueue_.push_back({id, rec});
-        windowIdUsed_[id] = true;
+        windows_.addRemote({buf, len, off, mr, id}, rec);
+    } else {
+        windows_.addLocal({buf, len, off, mr, id});
     }
-    windows_.push_back({buf, len, off, mr, id});
     flushLocked(false);
     watch();
     *chosen = static_cast<off_t>(off);
@@ -76,26 +71,14 @@ int Connection::mapWindow(void *buf, size_t len, bool remote, off_t offset, off_
 int Connection::unmapWindow(void *buf, size_t len)
 {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = std::find_if(windows_.begin(), windows_.end(),
-                           [&](const LocalWindow &w) { return w.buf == buf && w.len == len; });
-    if (it == windows_.end())
+    LocalWindow *w = windows_.findLocal(buf, len);
+    if (!w)
         return -EINVAL;
-    if (it->mr) {
-        // Closed at once: the memory is the application's again. A peer write racing with
-        // this fails at the provider, which may reset the connection, as with rsockets.
-        fi_close(&it->mr->fid);
-        const uint32_t id = it->id;
-        windowIdUsed_[id] = false;
-        // An announcement still queued is dropped unsent; otherwise the peer is told. The
-        // latest queued record of an id in use is its announcement, if any is queued.
-        auto last = std::find_if(recordQueue_.rbegin(), recordQueue_.rend(),
-                                 [&](const PendingRecord &p) { return p.id == id; });
-        if (last != recordQueue_.rend() && last->rec.length != 0)
-            recordQueue_.erase(std::next(last).base());
-        else if (!error_ && (state_ == State::Connected || state_ == State::Accepting))
-            recordQueue_.push_back({id, wire::IoMapRecord{}});
-    }
-    windows_.erase(it);
+    // Closed at once: the memory is the application's again. A peer write racing with this
+    // fails at the provider, which may reset the connection, as with rsockets.
+    if (w->mr)
+        fi_close(&w->mr->fid);
+    windows_.removeLocal(w, !error_ && (state_ == State::Connected || state_ == State::Accepting));
     flushLocked(false);
     watch();
     return 0;
@@ -118,14 +101,14 @@ ssize_t Connection::writeWindow(const void *buf, size_t len, off_t offset, int f
             progressLocked();
             // Stream data held back to coalesce or for the cork goes now: the write must
             // follow it.
-            if (tx_.unsent() > 0 || !recordQueue_.empty())
+            if (tx_.unsent() > 0 || !windows_.recordsEmpty())
                 flushLocked(true, true);
             ssize_t space = peekSendLocked();
             if (space < 0)
                 return done ? static_cast<ssize_t>(done) : space;
             if (len == 0)
                 return 0;
-            if (!findPeerWindowLocked(at, len - done))
+            if (!windows_.findPeer(at, len - done))
                 return done ? static_cast<ssize_t>(done) : -EINVAL;
             if (canWriteWindowLocked()) {
                 n = std::min<uint64_t>({len - done, tx_.appendSpan(), maxChunk});
@@ -148,7 +131,7 @@ ssize_t Connection::writeWindow(const void *buf, size_t len, off_t offset, int f
             std::lock_guard<std::mutex> lock(mutex_);
             // The peer may have withdrawn the window, or the connection failed, meanwhile: look
             // again from the top.
-            const PeerWindow *w = findPeerWindowLocked(at, n);
+            const PeerWindow *w = windows_.findPeer(at, n);
             if (!w || !canWriteWindowLocked() || tx_.tail != pos)
                 continue;
             TxOp &op = txOps_[txNext_ % txCap_];
@@ -179,75 +162,27 @@ ssize_t Connection::writeWindow(const void *buf, size_t len, off_t offset, int f
     }
 }
 
-bool Connection::overlapsLocalWindowLocked(uint64_t offset, uint64_t len) const
-{
-    for (const LocalWindow &w : windows_)
-        if (w.mr && offset < w.offset + w.len && w.offset < offset + len)
-            return true;
-    return false;
-}
-
-const Connection::PeerWindow *Connection::findPeerWindowLocked(uint64_t offset, uint64_t len) const
-{
-    for (const PeerWindow &w : peerWindows_)
-        if (w.length && offset >= w.offset && offset - w.offset < w.length &&
-            len <= w.length - (offset - w.offset))
-            return &w;
-    return nullptr;
-}
-
 bool Connection::canWriteWindowLocked() const
 {
     // Ordered behind everything queued before: stream data and window records all posted.
     return state_ == State::Connected && !error_ && !closed_ && tx_.unsent() == 0 &&
-           recordQueue_.empty() && tx_.appendSpan() > 0 &&
+           windows_.recordsEmpty() && tx_.appendSpan() > 0 &&
            txNext_ - txHead_ + 1 + kTxReserve <= txCap_;
 }
 
 void Connection::releaseWindowsLocked()
 {
-    for (LocalWindow &w : windows_)
+    for (const LocalWindow &w : windows_.local())
         if (w.mr)
             fi_close(&w.mr->fid);
-    windows_.clear();
-    recordQueue_.clear();
-    std::fill(windowIdUsed_.begin(), windowIdUsed_.end(), false);
+    windows_.clearLocal();
 }
 
 void Connection::handleIoMapLocked(uint32_t id, const uint8_t *record)
 {
-    // The peer is not trusted: ids, ranges and the table's state are checked, and a peer that
-    // breaks the rules is reset. Keys and addresses are the peer's own business (its provider
-    // checks them); only their shape is.
-    wire::IoMapRecord rec;
-    if (id >= peerWindows_.size() ||
-        wire::decodeIoMapRecord(record, wire::kIoMapRecordSize, &rec) < 0) {
-        failLocked(-ECONNRESET, "malformed window record");
-        return;
-    }
-    PeerWindow &w = peerWindows_[id];
-    if (rec.length == 0) {
-        if (w.length == 0)
-            failLocked(-ECONNRESET, "peer withdrew a window it never announced");
-        w = PeerWindow{};
-        return;
-    }
-    if (w.length != 0) {
-        failLocked(-ECONNRESET, "peer announced a window id twice");
-        return;
-    }
-    if (!domain_->caps().virtAddr && rec.addr != 0) {
-        failLocked(-ECONNRESET, "window address without FI_MR_VIRT_ADDR");
-        return;
-    }
-    // Overlapping windows would make an offset ambiguous.
-    for (const PeerWindow &o : peerWindows_) {
-        if (o.length && rec.offset < o.offset + o.length && o.offset < rec.offset + rec.length) {
-            failLocked(-ECONNRESET, "peer announced overlapping windows");
-            return;
-        }
-    }
-    w = rec;
+    const char *why = nullptr;
+    if (windows_.onPeerRecord(id, record, domain_->caps().virtAddr, &why) < 0)
+        failLocked(-ECONNRESET, why);
 }
 
 bool Connection::flushRecordsLocked()
@@ -255,11 +190,11 @@ bool Connection::flushRecordsLocked()
     // Window records go before any stream data queued after them: data the application sends
     // after riomap() must find the window known at the peer. They take a message slot each,
     // like data, so the slots kept for credits stay free.
-    while (!recordQueue_.empty()) {
+    while (!windows_.recordsEmpty()) {
         if (peer_.slots() <= kReservedSlots || txNext_ - txHead_ + 1 + kTxReserve > txCap_ ||
             recordsPosted_ - recordsDone_ >= kRecordBufs)
             return false;
-        const PendingRecord &p = recordQueue_.front();
+        const PendingRecord &p = windows_.nextRecord();
         const uint32_t word = *wire::encodeIoMap(p.id);
         uint8_t *buf = recordBufs_ + (recordsPosted_ % kRecordBufs) * kRecordSlotBytes;
         TxOp &op = txOps_[txNext_ % txCap_];
@@ -285,7 +220,7 @@ bool Connection::flushRecordsLocked()
         txNext_++;
         recordsPosted_++;
         peer_.onCtrlSent();
-        recordQueue_.pop_front();
+        windows_.popRecord();
     }
     return true;
 }
