@@ -4,7 +4,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <netinet/in.h>
@@ -20,14 +19,17 @@
 
 #include "credits.h"
 #include "fabric.h"
+#include "fid.h"
+#include "keepalive.h"
+#include "progress.h"
 #include "ring.h"
 #include "settings.h"
+#include "window_table.h"
 #include "wire.h"
 
 namespace rstream {
 
 class Listener;
-class ProgressThread;
 
 // Flags for send/recv.
 enum IoFlags : int
@@ -45,11 +47,11 @@ enum WaitEvents : int
     kWritable = 1 << 1,
 };
 
-class Connection
+class Connection : public ProgressClient
 {
 public:
     explicit Connection(const Settings &settings = Settings::fromEnv());
-    ~Connection();
+    ~Connection() override;
     Connection(const Connection &) = delete;
     Connection &operator=(const Connection &) = delete;
 
@@ -107,7 +109,7 @@ public:
     static void abort(std::unique_ptr<Connection> conn);
 
     // The fd to poll for any change of this connection (data, space, connection, EOF).
-    int waitFd() const { return waitFd_; }
+    int waitFd() const override { return waitFd_; }
     // Arms the wait fd before sleeping on it: 0 when it is safe to sleep, -EAGAIN when events
     // are already pending (make progress and look again instead).
     int arm();
@@ -197,22 +199,16 @@ public:
     // (unsent or in-flight data, owed messages, a pending close), kProgressBusy when the
     // application holds the connection or drives its progress itself (look again later, on the
     // timer only). closedDone: a closing connection may be destroyed.
-    enum
-    {
-        kProgressDone = 0,
-        kProgressMore = 1,
-        kProgressBusy = 2
-    };
-    int backgroundProgress(bool *closedDone);
+    int backgroundProgress(bool *closedDone) override;
     // For the progress thread at exit: a closing connection has handed everything over.
-    bool closeDelivered() const { return delivered_.load(std::memory_order_acquire); }
+    bool closeDelivered() const override { return delivered_.load(std::memory_order_acquire); }
     // For the progress thread's timer: connection deadlines and keepalive. Returns the next
     // deadline (0: none). *watch: the connection now has background work and is marked watched.
-    int64_t timerTick(int64_t nowNs, bool *watch);
+    int64_t timerTick(int64_t nowNs, bool *watch) override;
     // For the progress thread when the wait fd of a connection in its passive set is readable
     // (the application may be making no calls): answers what arrived. false: it is finished
     // (failed or shut down) and leaves the passive set.
-    bool passiveProgress(bool *watch);
+    bool passiveProgress(bool *watch) override;
 
 private:
     friend class Listener;
@@ -232,22 +228,6 @@ private:
         uint64_t seq; // position in the queue (txNext_ when posted)
         bool done;
         bool record; // an IOMAP send: frees a record buffer when released
-    };
-    // A window of ours the peer may write (remote), or a PROT_NONE mapping (mr null).
-    struct LocalWindow
-    {
-        void *buf;
-        size_t len;
-        uint64_t offset;
-        fid_mr *mr;
-        uint32_t id;
-    };
-    // A window of the peer's, as its validated IOMAP record announced it (length 0: free).
-    using PeerWindow = wire::IoMapRecord;
-    struct PendingRecord
-    {
-        uint32_t id;
-        wire::IoMapRecord rec;
     };
     struct RxSlot
     {
@@ -276,8 +256,6 @@ private:
     void handleIoMapLocked(uint32_t id, const uint8_t *record);
     bool flushRecordsLocked();
     bool canWriteWindowLocked() const;
-    const PeerWindow *findPeerWindowLocked(uint64_t offset, uint64_t len) const;
-    bool overlapsLocalWindowLocked(uint64_t offset, uint64_t len) const;
     void releaseWindowsLocked();
     void onTxCompleteLocked(TxOp *op);
     // force: nothing waits to coalesce behind writes in flight. uncork: corked data goes too
@@ -315,13 +293,14 @@ private:
     Settings settings_;
     std::shared_ptr<Domain> domain_;
     fi_info *info_ = nullptr;
-    fid_ep *ep_ = nullptr;
-    fid_eq *eq_ = nullptr;
-    fid_cq *cq_ = nullptr;
-    fid_wait *waitSet_ = nullptr;
+    // Closed by the destructor in the order they depend on each other: the endpoint first.
+    FidPtr<fid_wait> waitSet_;
+    FidPtr<fid_eq> eq_;
+    FidPtr<fid_cq> cq_;
+    FidPtr<fid_mr> localMr_;
+    FidPtr<fid_mr> remoteMr_;
+    FidPtr<fid_ep> ep_;
     int waitFd_ = -1;
-    fid_mr *localMr_ = nullptr;
-    fid_mr *remoteMr_ = nullptr;
     void *localDesc_ = nullptr;
 
     // One anonymous mapping: send ring area | receive ring area | slot words | control words.
@@ -370,17 +349,8 @@ private:
     socklen_t bindLen_ = 0;
     bool passive_ = false; // in the progress thread's passive set
 
-    // Keepalive (TCP's defaults).
-    bool kaOn_ = false;
-    int kaIdle_ = 7200;
-    int kaInterval_ = 75;
-    int kaCount_ = 9;
-    bool rxSeen_ = false;     // a word arrived since lastRxNs_ was taken
-    bool kaAckOwed_ = false;  // the peer probed; KEEPALIVE_ACK not sent yet
-    int64_t lastRxNs_ = 0;    // when a word last arrived (with keepalive on)
-    int64_t lastProbeNs_ = 0; // when the last probe went
-    uint32_t kaUnanswered_ = 0;
-    uint64_t kaSent_ = 0;
+    KeepaliveTimer ka_;
+    bool kaAckOwed_ = false; // the peer probed; KEEPALIVE_ACK not sent yet
 
     SendRing tx_;
     RecvRing rx_;
@@ -406,12 +376,9 @@ private:
     // riomap windows. Ours: ids below the peer's ioMapSize; records go out in stream order.
     static constexpr uint32_t kRecordBufs = 8;
     static constexpr int kWindowWritable = 1 << 8; // waitFor(): writeWindow() can go on
-    std::vector<LocalWindow> windows_;
-    std::vector<bool> windowIdUsed_;
-    std::deque<PendingRecord> recordQueue_; // not sent yet; at most two per id
+    WindowTable windows_;
     uint64_t recordsPosted_ = 0;
     uint64_t recordsDone_ = 0;
-    std::vector<PeerWindow> peerWindows_; // the peer's, indexed by id (our ioMapSize)
 
     TxOp *txOps_ = nullptr; // txCap_ entries, used in order
     uint32_t txCap_ = 0;

@@ -19,34 +19,15 @@
 
 namespace rstream {
 
-namespace {
-constexpr int64_t kSec = 1000000000;
-
-} // namespace
-
 int Connection::setKeepalive(bool on, int idleSec, int intervalSec, int count)
 {
-    // Linux's bounds for TCP_KEEPIDLE, TCP_KEEPINTVL and TCP_KEEPCNT.
-    if (idleSec < 0 || idleSec > 32767 || intervalSec < 0 || intervalSec > 32767 || count < 0 ||
-        count > 127)
+    if (!KeepaliveTimer::valid(idleSec, intervalSec, count))
         return -EINVAL;
     std::lock_guard<std::mutex> lock(mutex_);
-    if (idleSec)
-        kaIdle_ = idleSec;
-    if (intervalSec)
-        kaInterval_ = intervalSec;
-    if (count)
-        kaCount_ = count;
-    bool was = kaOn_;
-    kaOn_ = on;
+    const int64_t now = on ? nowNs() : 0;
+    ka_.configure(on, idleSec, intervalSec, count, now);
     if (!on)
         return 0;
-    int64_t now = nowNs();
-    if (!was) {
-        // As on Linux, the idle time counts from when keepalive is switched on.
-        lastRxNs_ = now;
-        kaUnanswered_ = 0;
-    }
     // The timer recomputes the deadline from the new values; until connected, the connection
     // schedules it once established.
     if (state_ == State::Connected && !error_)
@@ -59,41 +40,28 @@ void Connection::keepalive(bool *on, int *idleSec, int *intervalSec, int *count)
     auto *self = const_cast<Connection *>(this);
     std::lock_guard<std::mutex> lock(self->mutex_);
     if (on)
-        *on = kaOn_;
+        *on = ka_.on();
     if (idleSec)
-        *idleSec = kaIdle_;
+        *idleSec = ka_.idleSec();
     if (intervalSec)
-        *intervalSec = kaInterval_;
+        *intervalSec = ka_.intervalSec();
     if (count)
-        *count = kaCount_;
+        *count = ka_.count();
 }
 
 int64_t Connection::keepaliveLocked(int64_t now)
 {
     if (state_ == State::Connecting || state_ == State::Accepting)
         return error_ ? 0 : connectDeadlineNs_;
-    if (state_ != State::Connected || error_ || closed_ || closing_ || !kaOn_)
+    if (state_ != State::Connected || error_ || closed_ || closing_ || !ka_.on())
         return 0;
-    if (kaUnanswered_ == 0) {
-        int64_t due = lastRxNs_ + int64_t(kaIdle_) * kSec;
-        if (now < due)
-            return due;
-    } else {
-        int64_t due = lastProbeNs_ + int64_t(kaInterval_) * kSec;
-        if (now < due)
-            return due;
-        if (kaUnanswered_ >= uint32_t(kaCount_)) {
-            failLocked(-ETIMEDOUT, "keepalive: the peer stopped answering");
-            return 0;
-        }
-    }
-    // A probe that cannot be queued (no credit, no queue entry: the peer returns none) counts
-    // as unanswered all the same, as TCP counts probes into a zero window.
-    sendWordLocked(wire::encodeCtrl(wire::Ctrl::Keepalive));
-    kaUnanswered_++;
-    kaSent_++;
-    lastProbeNs_ = now;
-    return now + int64_t(kaInterval_) * kSec;
+    KeepaliveTimer::Action action;
+    const int64_t next = ka_.tick(now, &action);
+    if (action == KeepaliveTimer::Action::Fail)
+        failLocked(-ETIMEDOUT, "keepalive: the peer stopped answering");
+    else if (action == KeepaliveTimer::Action::Probe)
+        sendWordLocked(wire::encodeCtrl(wire::Ctrl::Keepalive));
+    return next;
 }
 
 int64_t Connection::timerTick(int64_t now, bool *watch)

@@ -14,15 +14,16 @@
 
 #include "connection.h"
 #include "fabric.h"
+#include "progress.h"
 #include "settings.h"
 
 namespace rstream {
 
-class Listener
+class Listener : public AcceptClient
 {
 public:
     explicit Listener(const Settings &settings = Settings::fromEnv());
-    ~Listener();
+    ~Listener() override;
     Listener(const Listener &) = delete;
     Listener &operator=(const Listener &) = delete;
 
@@ -48,7 +49,7 @@ public:
     // For the progress thread: answers connection requests into the accept queue (up to the
     // backlog) as the kernel completes handshakes before accept(). Returns the fd to poll for
     // more, or -1 when the queue is full or the application holds the listener.
-    int backgroundAccept();
+    int backgroundAccept() override;
     void setBackgroundAccept(bool on) { background_.store(on, std::memory_order_relaxed); }
 
 private:

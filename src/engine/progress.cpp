@@ -19,8 +19,6 @@
 #include <thread>
 #include <unistd.h>
 
-#include "connection.h"
-#include "listener.h"
 #include "log.h"
 
 namespace rstream {
@@ -103,7 +101,7 @@ void ProgressThread::start()
     std::atexit([] { ProgressThread::instance().drain(2000); });
 }
 
-void ProgressThread::watch(Connection *conn)
+void ProgressThread::watch(ProgressClient *conn)
 {
     std::lock_guard<std::mutex> lock(mutex_);
     start();
@@ -120,7 +118,7 @@ void ProgressThread::watch(Connection *conn)
     }
 }
 
-void ProgressThread::watchListener(Listener *listener)
+void ProgressThread::watchListener(AcceptClient *listener)
 {
     {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -135,19 +133,19 @@ void ProgressThread::watchListener(Listener *listener)
     }
 }
 
-void ProgressThread::unwatchListener(Listener *listener)
+void ProgressThread::unwatchListener(AcceptClient *listener)
 {
     std::lock_guard<std::mutex> lock(listenersMutex_);
     std::erase(listeners_, listener);
 }
 
-void ProgressThread::unwatch(Connection *conn)
+void ProgressThread::unwatch(ProgressClient *conn)
 {
     std::lock_guard<std::mutex> lock(mutex_);
     std::erase(watched_, conn);
 }
 
-void ProgressThread::addPassive(Connection *conn, int fd)
+void ProgressThread::addPassive(ProgressClient *conn, int fd)
 {
     if (!started_.load(std::memory_order_acquire)) {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -161,7 +159,7 @@ void ProgressThread::addPassive(Connection *conn, int fd)
         RS_LOG(Warn, "progress thread: cannot watch a connection (%s)", strerror(errno));
 }
 
-void ProgressThread::schedule(Connection *conn, int64_t deadlineNs)
+void ProgressThread::schedule(ProgressClient *conn, int64_t deadlineNs)
 {
     if (!started_.load(std::memory_order_acquire)) {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -193,7 +191,7 @@ void ProgressThread::mergePendingLocked()
     pendingMinNs_ = INT64_MAX;
 }
 
-void ProgressThread::forget(Connection *conn, int fd)
+void ProgressThread::forget(ProgressClient *conn, int fd)
 {
     std::lock_guard<std::mutex> lock(mutex_);
     std::erase(watched_, conn);
@@ -235,7 +233,7 @@ void ProgressThread::runPassiveLocked()
     for (int batch = 0; batch < 16; batch++) {
         int n = ::epoll_wait(epollFd_, events, 256, 0);
         for (int i = 0; i < n; i++) {
-            auto *c = static_cast<Connection *>(events[i].data.ptr);
+            auto *c = static_cast<ProgressClient *>(events[i].data.ptr);
             bool watch = false;
             if (!c->passiveProgress(&watch))
                 ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, c->waitFd(), nullptr);
@@ -247,9 +245,9 @@ void ProgressThread::runPassiveLocked()
     }
 }
 
-void ProgressThread::adopt(std::unique_ptr<Connection> conn)
+void ProgressThread::adopt(std::unique_ptr<ProgressClient> conn)
 {
-    Connection *raw = conn.get();
+    ProgressClient *raw = conn.get();
     {
         std::lock_guard<std::mutex> lock(mutex_);
         adopted_.push_back(std::move(conn));
@@ -288,7 +286,7 @@ void ProgressThread::drain(int timeoutMs)
 void ProgressThread::run()
 {
     std::vector<pollfd> fds;
-    std::vector<std::unique_ptr<Connection>> finished;
+    std::vector<std::unique_ptr<ProgressClient>> finished;
     for (;;) {
         fds.clear();
         fds.push_back({eventFd_, POLLIN, 0});
@@ -298,7 +296,7 @@ void ProgressThread::run()
         {
             // Not under mutex_: answering a request creates a connection, which watch()es.
             std::lock_guard<std::mutex> lock(listenersMutex_);
-            for (Listener *l : listeners_) {
+            for (AcceptClient *l : listeners_) {
                 int fd = l->backgroundAccept();
                 if (fd >= 0)
                     fds.push_back({fd, POLLIN, 0});
@@ -316,7 +314,7 @@ void ProgressThread::run()
             if (!passiveOpen)
                 wakeAt = std::min(wakeAt, passiveNextNs_);
             for (size_t i = 0; i < watched_.size();) {
-                Connection *c = watched_[i];
+                ProgressClient *c = watched_[i];
                 bool closedDone = false;
                 int more = c->backgroundProgress(&closedDone);
                 if (closedDone) {
@@ -327,7 +325,7 @@ void ProgressThread::run()
                         }
                     }
                     std::erase(adopted_, nullptr);
-                    more = Connection::kProgressDone;
+                    more = ProgressClient::kProgressDone;
                 }
                 if (!more) {
                     watched_[i] = watched_.back();
@@ -335,7 +333,7 @@ void ProgressThread::run()
                     continue;
                 }
                 // A connection the application is working on is left to it for now.
-                if (more == Connection::kProgressMore)
+                if (more == ProgressClient::kProgressMore)
                     fds.push_back({c->waitFd(), POLLIN, 0});
                 busy = true;
                 i++;

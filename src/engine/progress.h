@@ -28,8 +28,40 @@
 
 namespace rstream {
 
-class Connection;
-class Listener;
+// What the progress thread asks of a connection; Connection implements it. The thread knows its
+// clients only through this, and destroys the closing ones it adopted through it.
+class ProgressClient
+{
+public:
+    enum
+    {
+        kProgressDone = 0,
+        kProgressMore = 1,
+        kProgressBusy = 2
+    };
+    virtual ~ProgressClient() = default;
+    // Makes progress if nobody else is: kProgressDone when no work remains that needs the
+    // thread, kProgressMore while some does, kProgressBusy when the application holds the client
+    // or drives its progress itself. closedDone: a closing client may be destroyed.
+    virtual int backgroundProgress(bool *closedDone) = 0;
+    // Deadlines: the next one (0: none). *watch: the client now has background work.
+    virtual int64_t timerTick(int64_t nowNs, bool *watch) = 0;
+    // Its fd in the passive set is readable. false: it leaves the passive set.
+    virtual bool passiveProgress(bool *watch) = 0;
+    // A closing client has handed everything over (waited for at exit).
+    virtual bool closeDelivered() const = 0;
+    // The fd that becomes readable when the client has something to process.
+    virtual int waitFd() const = 0;
+};
+
+// What the progress thread asks of a listening endpoint; Listener implements it.
+class AcceptClient
+{
+public:
+    virtual ~AcceptClient() = default;
+    // Answers connection requests in the background. The fd to poll for more, or -1.
+    virtual int backgroundAccept() = 0;
+};
 
 class ProgressThread
 {
@@ -37,27 +69,27 @@ public:
     static ProgressThread &instance();
 
     // The connection has work that needs progress without the application. Idempotent.
-    void watch(Connection *conn);
+    void watch(ProgressClient *conn);
     // Called from ~Connection: never touched again after this returns.
-    void unwatch(Connection *conn);
+    void unwatch(ProgressClient *conn);
     // Takes ownership of a closing connection and destroys it once its data is delivered.
-    void adopt(std::unique_ptr<Connection> conn);
+    void adopt(std::unique_ptr<ProgressClient> conn);
     // A listening endpoint whose connection requests are answered in the background.
-    void watchListener(Listener *listener);
+    void watchListener(AcceptClient *listener);
     // Called from ~Listener: never touched again after this returns.
-    void unwatchListener(Listener *listener);
+    void unwatchListener(AcceptClient *listener);
     // Waits up to timeoutMs for adopted connections to finish (used at exit).
     void drain(int timeoutMs);
 
     // A connected connection: its wait fd joins the passive set. Takes no lock, so it may be
     // called with the connection's lock held from any thread, the progress thread included.
-    void addPassive(Connection *conn, int fd);
+    void addPassive(ProgressClient *conn, int fd);
     // Calls conn->timerTick() at or after deadlineNs (CLOCK_MONOTONIC); an earlier deadline
     // replaces a later one. Takes only a leaf lock: callable from anywhere.
-    void schedule(Connection *conn, int64_t deadlineNs);
+    void schedule(ProgressClient *conn, int64_t deadlineNs);
     // Called from ~Connection before its wait fd closes: no list, timer or event refers to conn
     // after this returns.
-    void forget(Connection *conn, int fd);
+    void forget(ProgressClient *conn, int fd);
 
     // Timers fire up to this late, so that deadlines close together cost one walk of the list.
     static constexpr int64_t kTimerSlackNs = 10 * 1000000;
@@ -73,14 +105,14 @@ private:
     void mergePendingLocked();
 
     std::mutex mutex_;
-    std::vector<Connection *> watched_;
+    std::vector<ProgressClient *> watched_;
     std::mutex listenersMutex_; // guards listeners_ and their use by the thread
-    std::vector<Listener *> listeners_;
-    std::vector<std::unique_ptr<Connection>> adopted_;
-    std::unordered_map<Connection *, int64_t> timers_; // deadline of each
+    std::vector<AcceptClient *> listeners_;
+    std::vector<std::unique_ptr<ProgressClient>> adopted_;
+    std::unordered_map<ProgressClient *, int64_t> timers_; // deadline of each
     int64_t nextTimerNs_ = INT64_MAX;
     std::mutex pendingMutex_; // a leaf lock: schedule() may be called from anywhere
-    std::vector<std::pair<Connection *, int64_t>> pending_;
+    std::vector<std::pair<ProgressClient *, int64_t>> pending_;
     int64_t pendingMinNs_ = INT64_MAX;
     int64_t passiveNextNs_ = 0; // the passive set is polled again from then on
     int eventFd_ = -1;

@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: MIT
+// Constants and helpers shared by the source files of Connection (not part of its interface).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <sys/uio.h>
+
+#include "clock.h"
+#include "wire.h"
+
+namespace rstream {
+
+// waitFor(): the send ring is empty (it may grow).
+constexpr int kSendDrained = 1 << 8;
+// The receive ring grows (x4) when the application read this many rings' worth within the
+// window.
+constexpr uint64_t kGrowRings = 4;
+constexpr int64_t kGrowWindowNs = 100'000'000;
+
+inline int64_t deadlineFor(int timeoutMs)
+{
+    return timeoutMs < 0 ? 0 : nowNs() + int64_t(timeoutMs) * 1000000;
+}
+
+inline size_t alignUp(size_t v, size_t a)
+{
+    return (v + a - 1) & ~(a - 1);
+}
+
+inline size_t iovTotal(const iovec *iov, int iovcnt)
+{
+    size_t total = 0;
+    for (int i = 0; i < iovcnt; i++)
+        total += iov[i].iov_len;
+    return total;
+}
+
+// Copies len bytes between a ring region starting at ring offset off and the iovec array,
+// starting iovSkip bytes into it. toRing: from the iovecs into the ring.
+inline void copyRing(uint8_t *ring, uint64_t ringSize, uint64_t off, const iovec *iov, int iovcnt,
+                     size_t iovSkip, size_t len, bool toRing)
+{
+    int i = 0;
+    while (i < iovcnt && iovSkip >= iov[i].iov_len)
+        iovSkip -= iov[i++].iov_len;
+    while (len > 0 && i < iovcnt) {
+        size_t n = std::min<size_t>({len, iov[i].iov_len - iovSkip, ringSize - off});
+        uint8_t *user = static_cast<uint8_t *>(iov[i].iov_base) + iovSkip;
+        if (toRing)
+            std::memcpy(ring + off, user, n);
+        else
+            std::memcpy(user, ring + off, n);
+        len -= n;
+        off = (off + n) % ringSize;
+        iovSkip += n;
+        if (iovSkip == iov[i].iov_len) {
+            iovSkip = 0;
+            i++;
+        }
+    }
+}
+
+constexpr uint32_t kTxReserve = 2; // queue entries kept for control sends
+constexpr uint64_t kCoalesceMax = 16 * 1024;
+// A receive slot that can take an IOMAP message: in iWarp mode the word and then the record.
+constexpr size_t kRecordMsgBytes = sizeof(uint32_t) + wire::kIoMapRecordSize;
+constexpr size_t kRecordSlotBytes = (kRecordMsgBytes + 7) & ~size_t(7);
+
+constexpr int kMaxBatches = 8;
+constexpr uint32_t kEqInterval = 16;
+// The progress thread leaves a connection to the application for this long after the
+// application last made progress on it: racing it for the lock and the CQ only costs both
+// wake-ups, and on few cores the CPU the application or its peer needs.
+constexpr int64_t kAppIdleNs = 1000000;
+
+} // namespace rstream

@@ -1,0 +1,323 @@
+// SPDX-License-Identifier: MIT
+// A connection's receive path: the CQ, the words the peer sends, the receive ring and recv().
+
+#include "connection.h"
+#include "connection_detail.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <sys/mman.h>
+
+#include <rdma/fi_cm.h>
+
+#include "clock.h"
+#include "log.h"
+
+namespace rstream {
+
+ssize_t Connection::recv(void *buf, size_t len, int flags, int timeoutMs)
+{
+    iovec iov{buf, len};
+    return recvv(&iov, 1, flags, timeoutMs);
+}
+
+ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs)
+{
+    if (iovcnt < 0)
+        return -EINVAL;
+    const size_t total = iovTotal(iov, iovcnt);
+    const int64_t deadline = deadlineFor(timeoutMs);
+    std::lock_guard<std::mutex> recvLock(recvMutex_);
+    size_t copied = 0;
+    for (;;) {
+        uint64_t n;
+        ssize_t state;
+        bool progressed = false;
+        // The readable bytes: those left in the ring before the last growth, then the current
+        // ring's. Taken under the lock; the bytes stay in place until consumed.
+        struct Span
+        {
+            uint8_t *base;
+            uint64_t size, off, len;
+        } spans[2];
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            // Data already reaped is returned without another CQ poll; the next call polls.
+            if (readableLocked() == 0) {
+                progressLocked();
+                progressed = true;
+            }
+            state = peekRecvLocked();
+            n = state > 0 ? std::min<uint64_t>(state, total - copied) : 0;
+            spans[0] = {rxOldBase_, rxOld_.size, 0, std::min(n, rxOld_.readable())};
+            if (spans[0].len)
+                spans[0].off = rxOld_.offset(rxOld_.consumed);
+            spans[1] = {recvBase_, rx_.size, 0, n - spans[0].len};
+            if (spans[1].len)
+                spans[1].off = rx_.offset(rx_.consumed);
+            // MSG_PEEK with MSG_WAITALL waits until the whole length can be peeked.
+            if ((flags & kPeek) && (flags & kWaitAll) && state > 0 && uint64_t(state) < total)
+                n = 0, state = -EAGAIN;
+        }
+        if (total == 0)
+            return state < 0 && state != -EAGAIN ? state : 0;
+        if (n == 0) {
+            if (state <= 0 && state != -EAGAIN)
+                return copied ? static_cast<ssize_t>(copied) : state;
+            if ((flags & kNonBlock) || (copied && !(flags & kWaitAll)))
+                return copied ? static_cast<ssize_t>(copied) : -EAGAIN;
+            int r = waitFor(kReadable, deadline, progressed);
+            if (r < 0)
+                return copied ? static_cast<ssize_t>(copied) : r;
+            if (r == 0)
+                return copied ? static_cast<ssize_t>(copied) : -EAGAIN;
+            continue;
+        }
+        for (size_t i = 0, done = 0; i < 2; done += spans[i].len, i++)
+            if (spans[i].len)
+                copyRing(spans[i].base, spans[i].size, spans[i].off, iov, iovcnt, copied + done,
+                         spans[i].len, false);
+        if (flags & kPeek)
+            return static_cast<ssize_t>(n);
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            consumeLocked(n);
+            sendCreditsLocked();
+            watch();
+        }
+        copied += n;
+        if (copied == total || !(flags & kWaitAll))
+            return static_cast<ssize_t>(copied);
+    }
+}
+
+void Connection::progressLocked(bool app)
+{
+    if (!ep_)
+        return;
+    if (app)
+        appProgressNs_.store(nowNs(), std::memory_order_relaxed);
+    // Once connected the EQ only reports the endpoint going away, and reading it costs the tcp
+    // provider a progress pass (a system call) of its own: look at it on every kEqInterval-th
+    // call only. waitFor() reads it before sleeping, and fi_trywait() covers it.
+    if (state_ != State::Connected || ++eqSkips_ >= kEqInterval) {
+        eqSkips_ = 0;
+        processEqLocked();
+    }
+    processCqLocked();
+    if (state_ == State::Connected && !error_) {
+        flushLocked(false);
+        sendCreditsLocked();
+        if (kaAckOwed_ && !closed_ &&
+            sendWordLocked(wire::encodeCtrl(wire::Ctrl::KeepaliveAck)) == 0)
+            kaAckOwed_ = false;
+    }
+    // Only keepalive needs the time of arrival: no clock read otherwise.
+    if (ka_.takeWord() && ka_.on())
+        ka_.onRx(nowNs());
+    if ((state_ == State::Connecting || (state_ == State::Accepting && !error_)) &&
+        nowNs() >= connectDeadlineNs_)
+        failLocked(-ETIMEDOUT, "connect timed out");
+    wakeSleepersLocked();
+}
+
+void Connection::processCqLocked()
+{
+    fi_cq_data_entry entries[16];
+    for (int batch = 0; batch < kMaxBatches; batch++) {
+        ssize_t n = fi_cq_read(cq_, entries, 16);
+        if (n == -FI_EAGAIN)
+            return;
+        if (n == -FI_EAVAIL) {
+            fi_cq_err_entry err{};
+            if (fi_cq_readerr(cq_, &err, 0) < 0)
+                return;
+            if (err.err != FI_ECANCELED && !closed_ && !peerClosed_) {
+                RS_LOG(Debug, "completion error %d (%s), provider error %d, flags %#llx", err.err,
+                       fi_strerror(err.err), err.prov_errno,
+                       static_cast<unsigned long long>(err.flags));
+                failLocked(-ECONNRESET, "completion error");
+            }
+            // A failed send still returns its queue entry.
+            auto *op = static_cast<TxOp *>(err.op_context);
+            if (op >= txOps_ && op < txOps_ + txCap_)
+                onTxCompleteLocked(op);
+            continue;
+        }
+        if (n < 0) {
+            failLocked(fiErr(static_cast<int>(n)), "fi_cq_read failed");
+            return;
+        }
+        for (ssize_t i = 0; i < n; i++) {
+            const fi_cq_data_entry &e = entries[i];
+            auto *slot = static_cast<RxSlot *>(e.op_context);
+            bool isSlot = slot >= rxSlots_ && slot < rxSlots_ + rxCount_;
+            // An IOMAP record is copied out before its slot is reposted.
+            uint8_t record[wire::kIoMapRecordSize];
+            const uint8_t *slotBuf =
+                isSlot ? slotBufs_ + size_t(slot - rxSlots_) * slotStride_ : nullptr;
+            if (e.flags & FI_REMOTE_CQ_DATA) {
+                // Write with immediate (on FI_RX_CQ_DATA providers it consumed a receive) or a
+                // send with immediate: zero-length, or an IOMAP record.
+                // Only an IOMAP word looks for one: the length other words report is the
+                // provider's business (a write's length, on some).
+                const bool ioMap = (e.data >> wire::kOpShift) == uint32_t(wire::Op::IoMap);
+                bool hasRecord = ioMap && isSlot && (e.flags & FI_RECV) && !(e.flags & FI_RMA) &&
+                                 e.len == wire::kIoMapRecordSize &&
+                                 slotStride_ >= wire::kIoMapRecordSize;
+                if (hasRecord)
+                    std::memcpy(record, slotBuf, sizeof(record));
+                if (isSlot && postReceive(static_cast<uint32_t>(slot - rxSlots_)) < 0)
+                    failLocked(-ECONNRESET, "cannot repost receive");
+                if (e.data >> 32) {
+                    failLocked(-ECONNRESET, "malformed immediate");
+                    continue;
+                }
+                handleWordLocked(static_cast<uint32_t>(e.data), hasRecord ? record : nullptr);
+            } else if ((e.flags & FI_RECV) && isSlot) {
+                uint32_t index = static_cast<uint32_t>(slot - rxSlots_);
+                uint32_t word;
+                std::memcpy(&word, slotBuf, sizeof(word));
+                size_t len = e.len;
+                bool hasRecord = len == kRecordMsgBytes && slotStride_ >= kRecordMsgBytes;
+                if (hasRecord)
+                    std::memcpy(record, slotBuf + sizeof(word), sizeof(record));
+                if (postReceive(index) < 0)
+                    failLocked(-ECONNRESET, "cannot repost receive");
+                if (!iwarp_ || (len != sizeof(uint32_t) && !hasRecord)) {
+                    failLocked(-ECONNRESET, "unexpected message");
+                    continue;
+                }
+                handleWordLocked(word, hasRecord ? record : nullptr);
+            } else {
+                auto *op = static_cast<TxOp *>(e.op_context);
+                if (op >= txOps_ && op < txOps_ + txCap_) {
+                    if (injectPending_ && op->seq > injectSeq_)
+                        injectPending_ = false;
+                    onTxCompleteLocked(op);
+                }
+            }
+        }
+        if (n < 16)
+            return;
+    }
+}
+
+void Connection::handleWordLocked(uint32_t word, const uint8_t *record)
+{
+    if (error_)
+        return;
+    auto m = wire::decode(word);
+    if (!m) {
+        failLocked(-ECONNRESET, "malformed message from peer");
+        return;
+    }
+    if ((m->op == wire::Op::IoMap) != (record != nullptr)) {
+        failLocked(-ECONNRESET, "message payload does not match its word");
+        return;
+    }
+    changed_ = true;
+    ka_.noteWord();
+    local_.onSlotReposted();
+    switch (m->op) {
+    case wire::Op::Data: {
+        uint64_t off = rx_.offset(rx_.written);
+        // The peer may only write where we said there is room, and never across the end.
+        if (peerShutWr_ || off + m->len > rx_.size ||
+            rx_.written + m->len - local_.reported() > rx_.size) {
+            failLocked(-ECONNRESET, "peer wrote outside its credit");
+            return;
+        }
+        rx_.written += m->len;
+        rxEvents_.fetch_add(1, std::memory_order_relaxed);
+        bytesReceived_.fetch_add(m->len, std::memory_order_relaxed);
+        if (closing_) {
+            // Data for a closed socket: the kernel answers with a reset, and so do we.
+            sendWordLocked(wire::encodeCtrl(wire::Ctrl::Reset));
+            failLocked(-ECONNRESET, "data arrived after close");
+            return;
+        }
+        if (shutRd_) {
+            // Discarded, as the kernel does after SHUT_RD, so the peer is not blocked.
+            rx_.consumed = rx_.written;
+            local_.onConsumed(m->len);
+        }
+        break;
+    }
+    case wire::Op::Credit:
+        txEvents_.fetch_add(1, std::memory_order_relaxed);
+        if (peer_.onCredit(m->slots, m->ringUnits) < 0) {
+            failLocked(-ECONNRESET, "peer returned more credit than it had");
+            return;
+        }
+        break;
+    case wire::Op::Ctrl:
+        if (m->ctrl == wire::Ctrl::ShutWr || m->ctrl == wire::Ctrl::Disconnect ||
+            m->ctrl == wire::Ctrl::Reset) {
+            rxEvents_.fetch_add(1, std::memory_order_relaxed);
+            txEvents_.fetch_add(1, std::memory_order_relaxed);
+        }
+        switch (m->ctrl) {
+        case wire::Ctrl::ShutWr:
+            peerShutWr_ = true;
+            break;
+        case wire::Ctrl::Disconnect:
+            peerShutWr_ = true;
+            peerClosed_ = true;
+            // The peer is gone for good: nothing we could send would be read. Shutting the
+            // endpoint down is the acknowledgement the peer lingers for; the data already in
+            // the ring stays readable.
+            if (ep_ && !closed_) {
+                fi_shutdown(ep_, 0);
+                closed_ = true;
+            }
+            break;
+        case wire::Ctrl::Reset:
+            discardReadableLocked();
+            failLocked(-ECONNRESET, "reset by peer");
+            break;
+        case wire::Ctrl::Keepalive:
+            kaAckOwed_ = true; // sent by progressLocked(), with credit permitting
+            break;
+        case wire::Ctrl::KeepaliveAck:
+            break; // any word is an answer: ka_.noteWord()
+        case wire::Ctrl::Grow:
+            onGrowLocked(m->arg);
+            break;
+        case wire::Ctrl::Switch:
+            onSwitchLocked();
+            break;
+        }
+        break;
+    case wire::Op::IoMap:
+        handleIoMapLocked(m->window, record);
+        break;
+    }
+}
+
+void Connection::consumeLocked(uint64_t n)
+{
+    // (Never past what was written: a reset may have discarded the bytes meanwhile.)
+    uint64_t old = std::min(n, rxOld_.readable());
+    rxOld_.consumed += old;
+    if (rxOld_.size && rxOld_.readable() == 0) {
+        // The old ring is done with: give its pages back (the peer writes the new one).
+        madvise(rxOldBase_, rxOld_.size, MADV_DONTNEED);
+        rxOld_ = RecvRing{};
+        rxOldBase_ = nullptr;
+    }
+    uint64_t cur = std::min(n - old, rx_.readable());
+    rx_.consumed += cur;
+    local_.onConsumed(cur);
+    consumedSinceGrow_ += old + cur;
+    if (growRecv_ && consumedSinceGrow_ >= kGrowRings * rx_.size)
+        maybeGrowRecvLocked();
+}
+
+void Connection::discardReadableLocked()
+{
+    consumeLocked(readableLocked());
+}
+
+} // namespace rstream

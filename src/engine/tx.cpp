@@ -1,0 +1,288 @@
+// SPDX-License-Identifier: MIT
+// A connection's send path: the send ring, the queue of posted operations, control words, cork.
+
+#include "connection.h"
+#include "connection_detail.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <rdma/fi_rma.h>
+
+#include "clock.h"
+#include "crash.h"
+#include "progress.h"
+
+namespace rstream {
+
+ssize_t Connection::send(const void *buf, size_t len, int flags, int timeoutMs)
+{
+    iovec iov{const_cast<void *>(buf), len};
+    return sendv(&iov, 1, flags, timeoutMs);
+}
+
+ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs)
+{
+    if (iovcnt < 0)
+        return -EINVAL;
+    const size_t total = iovTotal(iov, iovcnt);
+    const int64_t deadline = deadlineFor(timeoutMs);
+    std::lock_guard<std::mutex> sendLock(sendMutex_);
+    size_t sent = 0;
+    for (;;) {
+        uint64_t pos, n;
+        uint8_t *base;
+        uint64_t size;
+        bool drain = false;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            // A send without MSG_MORE takes what earlier ones held back with it.
+            const bool more = flags & kMore;
+            if (more_ != more) {
+                more_ = more;
+                if (!more)
+                    flushLocked(false);
+            }
+            maybeGrowSendLocked();
+            // With room for all of it already, progress can wait for the flush and the next
+            // call: a ping-pong saves a CQ poll (a system call on tcp) per message.
+            ssize_t space = peekSendLocked();
+            if (space < 0 || uint64_t(space) < total - sent) {
+                progressLocked();
+                maybeGrowSendLocked();
+                space = peekSendLocked();
+            }
+            if (space < 0)
+                return sent ? static_cast<ssize_t>(sent) : space;
+            if (total == 0)
+                return 0;
+            // The ring holds the application back while the peer's ring has more room: it
+            // grows once its writes completed (blocking senders wait for that).
+            if (uint64_t(space) < total - sent && growSend_ && tx_.size < sendReserve_ &&
+                peer_.ringSize() > tx_.size)
+                sendGrowWanted_ = true;
+            drain = sendGrowWanted_ && !(flags & kNonBlock);
+            n = drain ? 0 : std::min<uint64_t>(static_cast<uint64_t>(space), total - sent);
+            pos = tx_.tail;
+            base = sendBase_;
+            size = tx_.size;
+        }
+        if (n == 0) {
+            if (flags & kNonBlock)
+                return sent ? static_cast<ssize_t>(sent) : -EAGAIN;
+            int r = waitFor(drain ? kSendDrained : kWritable, deadline, true);
+            if (r < 0)
+                return sent ? static_cast<ssize_t>(sent) : r;
+            if (r == 0)
+                return sent ? static_cast<ssize_t>(sent) : -EAGAIN;
+            continue;
+        }
+        copyRing(base, size, pos % size, iov, iovcnt, sent, n, true);
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            tx_.tail += n;
+            flushLocked(false);
+            // Held back to coalesce behind writes in flight: reap their completions now, as
+            // the application may not call again soon.
+            if (tx_.unsent() > 0 && !corkHeld_)
+                progressLocked();
+            watch();
+        }
+        sent += n;
+        if (sent == total || (flags & kNonBlock))
+            return static_cast<ssize_t>(sent);
+    }
+}
+
+void Connection::onTxCompleteLocked(TxOp *op)
+{
+    txEvents_.fetch_add(1, std::memory_order_relaxed);
+    op->done = true;
+    changed_ = true;
+    while (txHead_ < txNext_) {
+        TxOp &head = txOps_[txHead_ % txCap_];
+        if (!head.done)
+            break;
+        if (!RS_CHECK(head.len <= tx_.posted - tx_.done)) {
+            failLocked(-ECONNRESET, "internal error");
+            return;
+        }
+        tx_.done += head.len;
+        if (head.len)
+            writesInFlight_--;
+        if (head.record) {
+            recordsDone_++; // ops leave in order, and so do the record buffers
+            head.record = false;
+        }
+        head.done = false;
+        head.len = 0;
+        txHead_++;
+    }
+}
+
+int Connection::sendWordLocked(uint32_t word)
+{
+    if (!peer_.canSendCtrl() || txNext_ - txHead_ >= txCap_)
+        return -EAGAIN;
+    TxOp &op = txOps_[txNext_ % txCap_];
+    op.len = 0;
+    op.seq = txNext_;
+    op.done = false;
+    ssize_t ret;
+    if (iwarp_) {
+        uint32_t &src = ctrlWords_[txNext_ % txCap_];
+        src = word;
+        ret = fi_send(ep_, &src, sizeof(src), localDesc_, 0, &op.ctx);
+    } else {
+        ret = fi_senddata(ep_, nullptr, 0, nullptr, word, 0, &op.ctx);
+    }
+    if (ret == -FI_EAGAIN)
+        return -EAGAIN;
+    if (ret) {
+        failLocked(-ECONNRESET, "send failed");
+        return -ECONNRESET;
+    }
+    txNext_++;
+    peer_.onCtrlSent();
+    return 0;
+}
+
+void Connection::sendCreditsLocked()
+{
+    if (!local_.due() || !peer_.canSendCtrl())
+        return;
+    uint32_t word = local_.take();
+    if (word && sendWordLocked(word) < 0)
+        local_.untake(word);
+}
+
+void Connection::flushLocked(bool force, bool uncork)
+{
+    if (state_ != State::Connected || error_ || closed_)
+        return;
+    if (switchTo_) {
+        // The peer's GROW: SWITCH goes between our last write into its old ring and the first
+        // into the new one, which follows the old one in its registration.
+        if (sendWordLocked(wire::encodeCtrl(wire::Ctrl::Switch)) < 0)
+            return;
+        peerRingAddr_ += peer_.ringSize();
+        peer_.switchRing(switchTo_);
+        switchTo_ = 0;
+    }
+    if (!flushRecordsLocked())
+        return;
+    const uint32_t opsPerChunk = iwarp_ ? 2 : 1;
+    const uint64_t maxChunk =
+        std::clamp<uint64_t>(std::min(peer_.ringSize(), tx_.size) / 4, 4096, 256 * 1024);
+    // Small sends coalesce while earlier writes are in flight; the completion flushes them.
+    // A send of kCoalesceMax or more is worth a write of its own at once: holding it back
+    // costs a CQ poll (a system call on tcp) per send, and the copy into the ring gets cold.
+    const uint64_t coalesceBelow = std::min(maxChunk / 2, kCoalesceMax);
+    // TCP_CORK and MSG_MORE: full writes only, until the data has waited kCorkMaxNs.
+    bool corked = (cork_ || more_) && !uncork && !closing_ && !shutWr_;
+    if (corked && corkSinceNs_ && nowNs() - corkSinceNs_ >= kCorkMaxNs)
+        corked = false;
+    corkHeld_ = false;
+    while (tx_.unsent() > 0 && peer_.canSendData() &&
+           txNext_ - txHead_ + opsPerChunk + kTxReserve <= txCap_) {
+        if (corked && tx_.unsent() < maxChunk) {
+            corkHeld_ = true;
+            if (!corkSinceNs_) {
+                corkSinceNs_ = nowNs();
+                ProgressThread::instance().schedule(this, corkSinceNs_ + kCorkMaxNs);
+            }
+            break;
+        }
+        if (!force && writesInFlight_ > 0 && tx_.unsent() < coalesceBelow)
+            break;
+        uint64_t len = std::min({tx_.unsent(), tx_.toEnd(tx_.posted),
+                                 peer_.ringSize() - peer_.written() % peer_.ringSize(),
+                                 peer_.ringAvail(), maxChunk});
+        uint64_t srcOff = tx_.offset(tx_.posted);
+        uint64_t dst = peerRingAddr_ + peer_.written() % peer_.ringSize();
+        const auto encoded = wire::encodeData(static_cast<uint32_t>(len));
+        if (!RS_CHECK(encoded)) {
+            failLocked(-ECONNRESET, "internal error");
+            return;
+        }
+        const uint32_t word = *encoded;
+        TxOp &op = txOps_[txNext_ % txCap_];
+        op.len = len;
+        op.seq = txNext_;
+        op.done = false;
+        ssize_t ret;
+        // A write the provider can inject needs no completion: its ring space is free again
+        // at once, and nothing wakes either side for it.
+        const bool inject = !iwarp_ && len <= injectSize_;
+        if (iwarp_) {
+            ret = fi_write(ep_, sendBase_ + srcOff, len, localDesc_, 0, dst, peerKey_, &op.ctx);
+            if (ret == 0) {
+                txNext_++;
+                TxOp &note = txOps_[txNext_ % txCap_];
+                note.len = 0;
+                note.seq = txNext_;
+                note.done = false;
+                uint32_t &src = ctrlWords_[txNext_ % txCap_];
+                src = word;
+                // The write is ordered before this send: its completion at the peer means the
+                // data is in place.
+                do {
+                    ret = fi_send(ep_, &src, sizeof(src), localDesc_, 0, &note.ctx);
+                    if (ret == -FI_EAGAIN)
+                        processCqLocked();
+                } while (ret == -FI_EAGAIN && !error_);
+                if (ret == 0)
+                    txNext_++;
+            }
+        } else if (inject) {
+            ret = fi_inject_writedata(ep_, sendBase_ + srcOff, len, word, 0, dst, peerKey_);
+            if (ret == 0)
+                txNext_++;
+        } else {
+            ret = fi_writedata(ep_, sendBase_ + srcOff, len, localDesc_, word, 0, dst, peerKey_,
+                               &op.ctx);
+            if (ret == 0)
+                txNext_++;
+        }
+        if (ret == -FI_EAGAIN)
+            break;
+        if (ret) {
+            failLocked(-ECONNRESET, "write failed");
+            return;
+        }
+        tx_.posted += len;
+        peer_.onDataSent(len);
+        writesInFlight_++;
+        bytesSent_.fetch_add(len, std::memory_order_relaxed);
+        if (inject) {
+            injectPending_ = true;
+            injectSeq_ = op.seq;
+            onTxCompleteLocked(&op);
+        }
+    }
+    if (tx_.unsent() == 0) {
+        corkSinceNs_ = 0;
+        if (closing_ && !disconnectSent_) {
+            if (sendWordLocked(wire::encodeCtrl(wire::Ctrl::Disconnect)) == 0)
+                disconnectSent_ = shutWrSent_ = true;
+        } else if (shutWr_ && !shutWrSent_) {
+            if (sendWordLocked(wire::encodeCtrl(wire::Ctrl::ShutWr)) == 0)
+                shutWrSent_ = true;
+        }
+    }
+}
+
+void Connection::setCork(bool on)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (cork_ == on)
+        return;
+    cork_ = on;
+    if (!on) {
+        flushLocked(false);
+        watch();
+    }
+}
+
+} // namespace rstream

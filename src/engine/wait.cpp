@@ -1,0 +1,314 @@
+// SPDX-License-Identifier: MIT
+// Waiting and readiness: arming the wait fd, sleepers and waiters, and the progress thread's
+// rounds.
+
+#include "connection.h"
+#include "connection_detail.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <rdma/fi_cm.h>
+
+#include "clock.h"
+#include "progress.h"
+
+namespace rstream {
+
+namespace {
+// Each thread that sleeps in waitFor() has an eventfd of its own. A thread that changes what a
+// sleeper waits for writes to the sleeper's eventfd: reading a CQ resets its wait fd, so the
+// provider's own signal cannot be relied on to reach every sleeper.
+class WakeFd
+{
+public:
+    WakeFd() : fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+    ~WakeFd()
+    {
+        if (fd_ >= 0)
+            ::close(fd_);
+    }
+    int fd() const { return fd_; }
+    void drain() const
+    {
+        uint64_t v;
+        while (::read(fd_, &v, sizeof(v)) > 0) {
+        }
+    }
+
+private:
+    int fd_;
+};
+
+thread_local WakeFd tWakeFd;
+} // namespace
+
+int Connection::wait(int events, int timeoutMs)
+{
+    return waitFor(events, deadlineFor(timeoutMs));
+}
+
+int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
+{
+    const int64_t spinEnd = nowNs() + int64_t(settings_.pollUs) * 1000;
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+        if (!progressed)
+            progressLocked();
+        progressed = false;
+        int ready = 0;
+        if ((events & kReadable) && peekRecvLocked() != -EAGAIN)
+            ready |= kReadable;
+        if ((events & kWritable) && peekSendLocked() != 0)
+            ready |= kWritable;
+        if ((events & kSendDrained) && (tx_.tail == tx_.done || peekSendLocked() < 0))
+            ready |= kSendDrained;
+        if ((events & kWindowWritable) && (peekSendLocked() < 0 || canWriteWindowLocked()))
+            ready |= kWindowWritable;
+        if (ready)
+            return ready;
+        if (!ep_)
+            return -ENOTCONN;
+        int64_t now = nowNs();
+        if (deadlineNs && now >= deadlineNs)
+            return 0;
+        if (now < spinEnd) {
+            lock.unlock();
+            sched_yield();
+            lock.lock();
+            continue;
+        }
+        if (armLocked() == -EAGAIN) {
+            processEqLocked();
+            continue;
+        }
+        const int wakeFd = tWakeFd.fd();
+        if (wakeFd < 0)
+            return -ENOMEM;
+        int64_t until = deadlineNs;
+        if (state_ == State::Connecting && (!until || connectDeadlineNs_ < until))
+            until = connectDeadlineNs_;
+        int timeout = -1;
+        if (until)
+            timeout = static_cast<int>(std::max<int64_t>(0, (until - now + 999999) / 1000000));
+        sleepers_.push_back(wakeFd);
+        appSleeping_.fetch_add(1, std::memory_order_relaxed);
+        lock.unlock();
+        pollfd pfd[2] = {{waitFd_, POLLIN, 0}, {wakeFd, POLLIN, 0}};
+        int n, saved;
+        {
+            // Also runs when pthread_cancel unwinds out of poll(): a cancelled thread's eventfd
+            // must not stay registered (its number would be reused).
+            struct Unregister
+            {
+                std::unique_lock<std::mutex> &lock;
+                std::vector<int> &sleepers;
+                std::atomic<int> &sleeping;
+                int fd;
+                ~Unregister()
+                {
+                    if (!lock.owns_lock())
+                        lock.lock();
+                    sleeping.fetch_sub(1, std::memory_order_relaxed);
+                    auto it = std::find(sleepers.begin(), sleepers.end(), fd);
+                    if (it != sleepers.end())
+                        sleepers.erase(it);
+                }
+            } unregister{lock, sleepers_, appSleeping_, wakeFd};
+            n = ::poll(pfd, 2, timeout);
+            saved = errno;
+        }
+        if (pfd[1].revents & POLLIN)
+            tWakeFd.drain();
+        if (n < 0 && saved == EINTR)
+            return -EINTR;
+    }
+}
+
+int Connection::armLocked()
+{
+    fid *fids[2] = {&cq_->fid, &eq_->fid};
+    int ret = fi_trywait(domain_->fabric(), fids, 2);
+    if (ret == -FI_EAGAIN)
+        return -EAGAIN;
+    return ret ? fiErr(ret) : 0;
+}
+
+int Connection::arm()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!ep_)
+        return 0;
+    int ret = armLocked();
+    if (ret != -EAGAIN)
+        return ret;
+    // Something is pending that the last look did not take (the EQ is read only now and then
+    // while connected): take it all, and let the caller look again if it changed anything.
+    changed_ = false;
+    processEqLocked();
+    processCqLocked();
+    if (changed_) {
+        wakeSleepersLocked();
+        return -EAGAIN;
+    }
+    return armLocked();
+}
+
+void Connection::addWaiter(int eventFd)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    sleepers_.push_back(eventFd);
+}
+
+void Connection::removeWaiter(int eventFd)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = std::find(sleepers_.begin(), sleepers_.end(), eventFd);
+    if (it != sleepers_.end())
+        sleepers_.erase(it);
+}
+
+ssize_t Connection::peekRecv()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    progressLocked();
+    return peekRecvLocked();
+}
+
+ssize_t Connection::peekSend()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    progressLocked();
+    return peekSendLocked();
+}
+
+void Connection::peek(ssize_t *recv, ssize_t *send)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    progressLocked();
+    *recv = peekRecvLocked();
+    *send = peekSendLocked();
+}
+
+ssize_t Connection::peekRecvLocked() const
+{
+    if (readableLocked() > 0)
+        return static_cast<ssize_t>(readableLocked());
+    if (state_ == State::Idle)
+        return -ENOTCONN;
+    if (error_)
+        return error_;
+    if (state_ == State::Connecting || state_ == State::Accepting)
+        return -EAGAIN;
+    if (peerShutWr_ || shutRd_)
+        return 0;
+    if (peerGone_)
+        return -ECONNRESET;
+    return -EAGAIN;
+}
+
+ssize_t Connection::peekSendLocked() const
+{
+    if (error_)
+        return error_;
+    switch (state_) {
+    case State::Idle:
+    case State::Closed:
+        return -ENOTCONN;
+    case State::Connecting:
+    case State::Accepting:
+        return 0;
+    case State::Connected:
+        break;
+    }
+    if (shutWr_ || closing_)
+        return -EPIPE;
+    if (peerClosed_)
+        return -EPIPE;
+    if (peerGone_)
+        return -ECONNRESET;
+    return static_cast<ssize_t>(tx_.freeSpace());
+}
+
+void Connection::wakeSleepersLocked()
+{
+    if (changed_) {
+        const uint64_t one = 1;
+        for (int fd : sleepers_)
+            if (::write(fd, &one, sizeof(one)) < 0) {
+                // Already readable: the sleeper wakes anyway.
+            }
+    }
+    changed_ = false;
+}
+
+bool Connection::needsBackgroundLocked() const
+{
+    // The accepting side must answer the peer even before the application looks at it, and
+    // a connect completes in the background as the kernel's does.
+    if ((state_ == State::Accepting || state_ == State::Connecting) && !error_)
+        return true;
+    if (error_ || closed_ || state_ != State::Connected)
+        return closing_ && !closed_;
+    // Data held for the cork waits for its timer, not for the progress thread's rounds.
+    return (tx_.unsent() > 0 && !corkHeld_) || tx_.inFlight() > 0 || txNext_ != txHead_ ||
+           local_.due() || injectPending_ || (shutWr_ && !shutWrSent_) || closing_ || kaAckOwed_ ||
+           !windows_.recordsEmpty();
+}
+
+void Connection::watch()
+{
+    if (!watched_ && needsBackgroundLocked()) {
+        watched_ = true;
+        ProgressThread::instance().watch(this);
+    }
+}
+
+int Connection::backgroundProgress(bool *closedDone)
+{
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock())
+        return kProgressBusy;
+    const bool appRecent = nowNs() - appProgressNs_.load(std::memory_order_relaxed) < kAppIdleNs;
+    if (appRecent && !closing_)
+        return kProgressBusy;
+    progressLocked(false);
+    flushLocked(true);
+    if (injectPending_ && txHead_ == txNext_ && state_ == State::Connected && !error_ && !closed_) {
+        // The application has gone quiet after injected writes: a KEEPALIVE's completion tells
+        // when the provider has handed them over; until then the fd is watched for them.
+        sendWordLocked(wire::encodeCtrl(wire::Ctrl::Keepalive));
+    }
+    if (closing_) {
+        bool delivered = tx_.unsent() == 0 && disconnectSent_ && txHead_ == txNext_;
+        if (delivered)
+            delivered_.store(true, std::memory_order_release);
+        // After DISCONNECT is delivered the endpoint lingers until the peer acknowledges it by
+        // shutting its own endpoint down, so credit returns still in flight find a reader
+        // instead of a reset that could cost the peer the DISCONNECT itself.
+        bool acked = peerGone_ || peerClosed_;
+        if ((delivered && acked) || error_ || closed_ || nowNs() >= closeDeadlineNs_) {
+            if (!closed_ && ep_) {
+                fi_shutdown(ep_, 0);
+                closed_ = true;
+            }
+            *closedDone = true;
+            watched_ = false;
+            return kProgressDone;
+        }
+        return kProgressMore;
+    }
+    if (needsBackgroundLocked()) {
+        // A thread asleep in waitFor() wakes on the wait fd itself; the timer is only a bound.
+        return appSleeping_.load(std::memory_order_relaxed) > 0 ? kProgressBusy : kProgressMore;
+    }
+    watched_ = false;
+    (void)armLocked(); // resets the wait fd's signal: the passive set need not look at it
+    return kProgressDone;
+}
+
+} // namespace rstream
