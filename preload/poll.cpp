@@ -63,7 +63,7 @@ int doPoll(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask)
     return boundary([&]() -> int {
         pthread_testcancel();
         EngineCall ec;
-        return pollFds(fds, nfds, timeoutMs, mask, resolvePollable, kernelPoll(), spinUs());
+        return pollFds(fds, nfds, timeoutMs, mask, resolvePollable, spinUs());
     });
 }
 
@@ -72,7 +72,7 @@ int doSelect(int nfds, fd_set *r, fd_set *w, fd_set *e, timeval *timeout, const 
     return boundary([&]() -> int {
         pthread_testcancel();
         EngineCall ec;
-        return selectFds(nfds, r, w, e, timeout, mask, resolvePollable, kernelPoll(), spinUs());
+        return selectFds(nfds, r, w, e, timeout, mask, resolvePollable, spinUs());
     });
 }
 
@@ -109,7 +109,7 @@ int epollCreated(const void *ra, int fd)
         NoCancel nc;
         EngineCall ec;
         if (shimConfig().enabled)
-            gEpolls.set(fd, std::make_shared<ShimEpoll>(fd, kernelPoll()));
+            gEpolls.set(fd, std::make_shared<ShimEpoll>(fd));
     } catch (...) {
         noteInternalError(); // the epoll fd works as the kernel's, without engine sockets
     }

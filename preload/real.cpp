@@ -117,8 +117,6 @@ int kEventfd(unsigned int v, int flags)
     return real_eventfd()(v, flags);
 }
 
-constexpr KernelPoll gKernelPoll{realPpoll, realEpollWait, realEpollCtl};
-
 // The kernel seam (src/base/kernel.h) as the layers below the shim see it: the functions the
 // interposers forward to, never the interposers themselves.
 constexpr sys::Calls gRealCalls = {
@@ -165,11 +163,6 @@ void resolveAllReal()
     RS_REAL_LIST(RS_RESOLVE)
 #undef RS_RESOLVE
     sys::bind(&gRealCalls);
-}
-
-const KernelPoll &kernelPoll()
-{
-    return gKernelPoll;
 }
 
 } // namespace rstream::shim

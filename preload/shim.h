@@ -127,9 +127,6 @@ RS_REAL_LIST(RS_REAL_FN)
 // the layers below reach the kernel without passing through the interposers.
 void resolveAllReal();
 
-// The real functions in the engine's shape; the engine's kernel calls go through these.
-const KernelPoll &kernelPoll();
-
 // ---- Tables ---------------------------------------------------------------------------------
 
 // An epoll instance of the program's, and whether an engine socket was ever added to it: until

@@ -313,7 +313,7 @@ __attribute__((visibility("default"))) int rpoll(struct pollfd *fds, nfds_t nfds
 {
     pthread_testcancel();
     return boundary([&]() -> int {
-        return pollFds(fds, nfds, timeout, nullptr, resolvePollable, defaultKernelPoll(), spinUs());
+        return pollFds(fds, nfds, timeout, nullptr, resolvePollable, spinUs());
     });
 }
 
@@ -323,7 +323,7 @@ __attribute__((visibility("default"))) int rselect(int nfds, fd_set *readfds, fd
     pthread_testcancel();
     return boundary([&]() -> int {
         return selectFds(nfds, readfds, writefds, exceptfds, timeout, nullptr, resolvePollable,
-                         defaultKernelPoll(), spinUs());
+                         spinUs());
     });
 }
 
@@ -439,7 +439,7 @@ __attribute__((visibility("default"))) int repoll_create(int size)
         int fd = ::epoll_create1(EPOLL_CLOEXEC);
         if (fd < 0)
             return -errno;
-        if (!epolls().set(fd, std::make_shared<EpollSet>(fd, defaultKernelPoll()))) {
+        if (!epolls().set(fd, std::make_shared<EpollSet>(fd))) {
             ::close(fd);
             return -EMFILE;
         }

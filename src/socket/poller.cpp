@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "connection.h"
+#include "kernel.h"
 #include "log.h"
 
 namespace rstream {
@@ -26,20 +27,21 @@ public:
     ~ThreadWake()
     {
         if (fd_ >= 0)
-            ::close(fd_);
+            sys::close(fd_);
     }
     int fd()
     {
-        if (fd_ < 0)
-            fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (fd_ < 0) {
+            int fd = sys::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+            fd_ = fd < 0 ? -1 : fd;
+        }
         return fd_;
     }
     void drain()
     {
         uint64_t v;
-        if (fd_ >= 0 && ::read(fd_, &v, sizeof(v)) < 0) {
-            // Nothing to drain.
-        }
+        if (fd_ >= 0)
+            (void)sys::read(fd_, &v, sizeof(v)); // -EAGAIN: nothing to drain
     }
 
 private:
@@ -66,7 +68,8 @@ private:
     std::vector<std::shared_ptr<Connection>> conns_;
 };
 
-int ppollMs(const KernelPoll &kp, pollfd *fds, nfds_t n, int timeoutMs, const sigset_t *mask)
+// -errno on failure (the seam's convention).
+int ppollMs(pollfd *fds, nfds_t n, int timeoutMs, const sigset_t *mask)
 {
     timespec ts{};
     timespec *tp = nullptr;
@@ -75,7 +78,7 @@ int ppollMs(const KernelPoll &kp, pollfd *fds, nfds_t n, int timeoutMs, const si
         ts.tv_nsec = (timeoutMs % 1000) * 1000000L;
         tp = &ts;
     }
-    return kp.ppoll(fds, n, tp, mask);
+    return sys::ppoll(fds, n, tp, mask);
 }
 
 int remainingMs(int64_t deadlineNs)
@@ -86,11 +89,6 @@ int remainingMs(int64_t deadlineNs)
     if (left <= 0)
         return 0;
     return static_cast<int>(std::min<int64_t>((left + 999999) / 1000000, 1 << 30));
-}
-
-int sysPpoll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigset_t *mask)
-{
-    return ::ppoll(fds, nfds, timeout, mask);
 }
 
 uint32_t toPoll(uint32_t e)
@@ -127,14 +125,9 @@ uint32_t toEpoll(int p)
 
 } // namespace
 
-const KernelPoll &defaultKernelPoll()
-{
-    static const KernelPoll kp{sysPpoll, ::epoll_wait, ::epoll_ctl};
-    return kp;
-}
 
 int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, SocketResolver resolve,
-            const KernelPoll &kp, int spinUs)
+            int spinUs)
 {
     if (nfds > 0 && !fds)
         return -EFAULT;
@@ -154,8 +147,7 @@ int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socke
         }
     }
     if (!any) {
-        int r = ppollMs(kp, fds, nfds, timeoutMs, mask);
-        return r < 0 ? -errno : r;
+        return ppollMs(fds, nfds, timeoutMs, mask);
     }
     const int64_t start = nowNs();
     const int64_t deadline = timeoutMs < 0 ? -1 : start + int64_t(timeoutMs) * 1000000;
@@ -172,9 +164,9 @@ int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socke
         }
         if (!kfds.empty()) {
             const timespec zero{0, 0};
-            int r = kp.ppoll(kfds.data(), kfds.size(), &zero, nullptr);
+            int r = sys::ppoll(kfds.data(), kfds.size(), &zero, nullptr);
             if (r < 0)
-                return -errno;
+                return r;
             for (size_t k = 0; k < kfds.size(); k++) {
                 fds[kidx[k]].revents = kfds[k].revents;
                 if (kfds[k].revents)
@@ -221,19 +213,16 @@ int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socke
         }
         if (pending)
             continue;
-        int r = ppollMs(kp, sleepFds.data(), sleepFds.size(), remainingMs(deadline), mask);
-        int saved = errno;
+        int r = ppollMs(sleepFds.data(), sleepFds.size(), remainingMs(deadline), mask);
         waiters.clear();
         tWake.drain();
-        if (r < 0 && saved == EINTR)
-            return -EINTR;
         if (r < 0)
-            return -saved;
+            return r;
     }
 }
 
 int selectFds(int nfds, fd_set *readfds, fd_set *writefds, fd_set *exceptfds, timeval *timeout,
-              const sigset_t *mask, SocketResolver resolve, const KernelPoll &kp, int spinUs)
+              const sigset_t *mask, SocketResolver resolve, int spinUs)
 {
     if (nfds < 0 || nfds > FD_SETSIZE)
         return -EINVAL;
@@ -258,7 +247,7 @@ int selectFds(int nfds, fd_set *readfds, fd_set *writefds, fd_set *exceptfds, ti
             pfds.push_back({fd, ev, 0});
     }
     const int64_t start = nowNs();
-    int r = pollFds(pfds.data(), pfds.size(), timeoutMs, mask, resolve, kp, spinUs);
+    int r = pollFds(pfds.data(), pfds.size(), timeoutMs, mask, resolve, spinUs);
     if (timeout) {
         int64_t left = int64_t(timeoutMs) * 1000000 - (nowNs() - start);
         if (left < 0 || r > 0)
@@ -307,8 +296,7 @@ int EpollSet::ctl(int op, int fd, const epoll_event *event, const std::shared_pt
         epoll_event copy{};
         if (event)
             copy = *event;
-        int r = kp_.epollCtl(epfd_, op, sock ? sock->kernelFd() : fd, event ? &copy : nullptr);
-        return r < 0 ? -errno : 0;
+        return sys::epollCtl(epfd_, op, sock ? sock->kernelFd() : fd, event ? &copy : nullptr);
     }
     if (op != EPOLL_CTL_DEL && !event)
         return -EFAULT;
@@ -361,8 +349,8 @@ void EpollSet::migrateLocked()
         epoll_event ev{};
         ev.events = e.disabled ? 0 : e.events; // a fired EPOLLONESHOT stays disarmed
         ev.data = e.data;
-        if (kp_.epollCtl(epfd_, EPOLL_CTL_ADD, kfd, &ev) < 0)
-            RS_LOG(Warn, "epoll: cannot move fd %d to the kernel: %s", kfd, strerror(errno));
+        if (int r = sys::epollCtl(epfd_, EPOLL_CTL_ADD, kfd, &ev); r < 0)
+            RS_LOG(Warn, "epoll: cannot move fd %d to the kernel: %s", kfd, strerror(-r));
         return true;
     });
 }
@@ -440,7 +428,7 @@ int EpollSet::pollEvents(int events)
         return POLLIN;
     pollfd p{epfd_, POLLIN, 0};
     const timespec zero{0, 0};
-    return kp_.ppoll(&p, 1, &zero, nullptr) > 0 && (p.revents & POLLIN) ? POLLIN : 0;
+    return sys::ppoll(&p, 1, &zero, nullptr) > 0 && (p.revents & POLLIN) ? POLLIN : 0;
 }
 
 int EpollSet::prepareWait(std::vector<pollfd> *fds, int)
@@ -493,9 +481,9 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
     auto check = [&]() -> int {
         int n = collect(events, maxevents);
         if (n < maxevents) {
-            int k = kp_.epollWait(epfd_, events + n, maxevents - n, 0);
+            int k = sys::epollWait(epfd_, events + n, maxevents - n, 0);
             if (k < 0)
-                return n ? n : -errno;
+                return n ? n : k;
             n += k;
         }
         return n;
@@ -542,14 +530,11 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         }
         if (pending)
             continue;
-        int r = ppollMs(kp_, sleepFds.data(), sleepFds.size(), remainingMs(deadline), mask);
-        int saved = errno;
+        int r = ppollMs(sleepFds.data(), sleepFds.size(), remainingMs(deadline), mask);
         waiters.clear();
         tWake.drain();
-        if (r < 0 && saved == EINTR)
-            return -EINTR;
         if (r < 0)
-            return -saved;
+            return r;
     }
 }
 

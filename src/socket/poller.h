@@ -15,16 +15,6 @@
 
 namespace rstream {
 
-// How the poller reaches the kernel: the shim passes the real functions so that its own
-// interposers are not re-entered.
-struct KernelPoll
-{
-    int (*ppoll)(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigset_t *mask);
-    int (*epollWait)(int epfd, epoll_event *events, int maxevents, int timeout);
-    int (*epollCtl)(int epfd, int op, int fd, epoll_event *event);
-};
-const KernelPoll &defaultKernelPoll();
-
 // Maps an fd to its engine socket, or null for an fd the kernel answers for.
 using SocketResolver = std::shared_ptr<Pollable> (*)(int fd);
 
@@ -32,11 +22,11 @@ using SocketResolver = std::shared_ptr<Pollable> (*)(int fd);
 // ppoll on the sockets' wait fds, a per-thread wake-up eventfd and the kernel fds, after a spin
 // of spinUs microseconds. timeoutMs < 0 waits forever.
 int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, SocketResolver resolve,
-            const KernelPoll &kp, int spinUs);
+            int spinUs);
 
 // select(2)/pselect(2) built on pollFds; timeout is updated with the time left, as Linux does.
 int selectFds(int nfds, fd_set *readfds, fd_set *writefds, fd_set *exceptfds, timeval *timeout,
-              const sigset_t *mask, SocketResolver resolve, const KernelPoll &kp, int spinUs);
+              const sigset_t *mask, SocketResolver resolve, int spinUs);
 
 // An epoll instance over engine sockets (emulated: level-triggered, EPOLLET, EPOLLONESHOT)
 // and kernel fds (kept in the real epoll fd, which the kernel answers for). It is pollable
@@ -45,7 +35,7 @@ int selectFds(int nfds, fd_set *readfds, fd_set *writefds, fd_set *exceptfds, ti
 class EpollSet : public Pollable
 {
 public:
-    explicit EpollSet(int epfd, const KernelPoll &kp) : epfd_(epfd), kp_(kp) {}
+    explicit EpollSet(int epfd) : epfd_(epfd) {}
     int fd() const { return epfd_; }
     // sock null: fd is a kernel fd and goes to the kernel's epoll.
     int ctl(int op, int fd, const epoll_event *event, const std::shared_ptr<Pollable> &sock);
@@ -74,7 +64,6 @@ private:
     void migrateLocked();
 
     const int epfd_;
-    const KernelPoll &kp_;
     std::mutex mutex_;
     std::vector<Entry> entries_;
     size_t next_ = 0; // where the next scan starts, for fairness
