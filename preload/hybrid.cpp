@@ -39,8 +39,7 @@ void noteEngineUsed()
     gEngineUsed.store(true, std::memory_order_relaxed);
 }
 
-std::string fallbackDetail(Fallback why, int port, const std::string &where, int err,
-                           int timeoutMs)
+std::string fallbackDetail(Fallback why, int port, const std::string &where, int err, int timeoutMs)
 {
     switch (why) {
     case Fallback::Refused:
@@ -65,8 +64,7 @@ std::string fallbackDetail(Fallback why, int port, const std::string &where, int
     }
 }
 
-HybridSocket::HybridSocket(int fd, int family, bool nonblocking,
-                           const ShimConfig &config)
+HybridSocket::HybridSocket(int fd, int family, bool nonblocking, const ShimConfig &config)
     : fd_(fd), family_(family), config_(config)
 {
     nonblock_.store(nonblocking, std::memory_order_relaxed);

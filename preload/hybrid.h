@@ -37,8 +37,7 @@ public:
         Inherited  // inherited across fork from a parent that owns the fabric connection
     };
 
-    HybridSocket(int fd, int family, bool nonblocking,
-                 const ShimConfig &config);
+    HybridSocket(int fd, int family, bool nonblocking, const ShimConfig &config);
     ~HybridSocket() override;
     HybridSocket(const HybridSocket &) = delete;
     HybridSocket &operator=(const HybridSocket &) = delete;

@@ -13,7 +13,7 @@
 
 namespace rstream {
 class Connection;
-} // namespace rstream::shim
+} // namespace rstream
 
 namespace rstream::shim {
 

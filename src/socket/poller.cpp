@@ -125,7 +125,6 @@ uint32_t toEpoll(int p)
 
 } // namespace
 
-
 int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, SocketResolver resolve,
             int spinUs)
 {

@@ -108,9 +108,9 @@ TEST(Address, RejectsWhatIsNotAnAddress)
 {
     sockaddr_storage out;
     socklen_t len;
-    for (const char *bad : {"", "localhost", "1.2.3.4:", "1.2.3.4:65536", "1.2.3.4:-1",
-                            "1.2.3.4:80x", "[::1", "[::1]x", "[::1]:", "[1.2.3.4]:80",
-                            "1.2.3.4.5", "[::1]:123456", "::1]:80"})
+    for (const char *bad :
+         {"", "localhost", "1.2.3.4:", "1.2.3.4:65536", "1.2.3.4:-1", "1.2.3.4:80x", "[::1",
+          "[::1]x", "[::1]:", "[1.2.3.4]:80", "1.2.3.4.5", "[::1]:123456", "::1]:80"})
         EXPECT_EQ(parseAddress(bad, 80, &out, &len), -EINVAL) << bad;
     EXPECT_EQ(parseAddress("1.2.3.4", -1, &out, &len), -EINVAL);
     EXPECT_EQ(parseAddress(nullptr, 80, &out, &len), -EINVAL);

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
-// The kernel seam (kernel.h): -errno from libc by default, and every call goes to the table it is bound to.
+// The kernel seam (kernel.h): -errno from libc by default, and every call goes to the table it is
+// bound to.
 
 #include <cerrno>
 #include <fcntl.h>

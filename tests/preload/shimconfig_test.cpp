@@ -203,9 +203,10 @@ TEST(ShimConfig, ExcludeGarbageIsIgnored)
 {
     // Each bad item goes alone: a bad port never becomes "any port", a bad prefix never "the
     // whole family"; the good item at the end still counts.
-    ShimConfig c = parse({{"RSTREAM_EXCLUDE", "10.0.0.0/33,10.0.0.0/x,::/129,1.2.3.4:0,"
-                                              "1.2.3.4:65536,1.2.3.4:http,[::1,[::1]x,[fd00::]/8:53,::1/,"
-                                              "host.example,/8,:,1.2.3.4/,5.6.7.8"}});
+    ShimConfig c =
+        parse({{"RSTREAM_EXCLUDE", "10.0.0.0/33,10.0.0.0/x,::/129,1.2.3.4:0,"
+                                   "1.2.3.4:65536,1.2.3.4:http,[::1,[::1]x,[fd00::]/8:53,::1/,"
+                                   "host.example,/8,:,1.2.3.4/,5.6.7.8"}});
     ASSERT_EQ(c.exclude.size(), 1u);
     EXPECT_TRUE(excluded(c, v4("5.6.7.8", 1)));
     EXPECT_FALSE(excluded(c, v4("10.0.0.1", 1)));
