@@ -164,7 +164,11 @@ bool internalAddress(const void *ra)
 // hard limits near a billion, and programs that size tables by the limit or close every fd up
 // to it would pay for all of it. The program sees the raised soft limit in getrlimit (it only
 // ever allows more). When the hard limit leaves no room above the base, or the program later
-// lowers its limit, internal fds stay where the kernel put them.
+// lowers its limit, internal fds stay where the kernel put them. Where the soft limit already is
+// the hard one (common in containers, and so on these machines), nothing can be raised: the
+// shim's fds then take the upper half of the limit instead, so that the program's stay low and
+// dense up to half its limit (a program sizing a table by its connection count, as wrk's event
+// loop does, would otherwise see descriptor numbers past its table's end).
 // Limits survive exec but our memory does not: the original soft limit travels to exec'd
 // children in RSTREAM_NOFILE_ORIG, so that a preloaded child (`env LD_PRELOAD=... prog`, a
 // shell script) does not take the raised limit for its original one.
@@ -181,7 +185,7 @@ void initFdLimit()
     char text[32];
     snprintf(text, sizeof(text), "%llu", static_cast<unsigned long long>(original));
     setenv("RSTREAM_NOFILE_ORIG", text, 1);
-    const rlim_t base = std::max<rlim_t>(FD_SETSIZE, original);
+    rlim_t base = std::max<rlim_t>(FD_SETSIZE, original);
     rlim_t want = rl.rlim_max;
     if (want == RLIM_INFINITY || want > base + kInternalReserve)
         want = base + kInternalReserve;
@@ -192,6 +196,8 @@ void initFdLimit()
         else
             RS_LOG(Info, "preload: cannot raise RLIMIT_NOFILE to %llu", (unsigned long long)want);
     }
+    if (rl.rlim_cur <= base)
+        base = std::max<rlim_t>(FD_SETSIZE, rl.rlim_cur / 2);
     if (rl.rlim_cur > base && base < static_cast<rlim_t>(FdTable<HybridSocket>::kMaxFd))
         gHighBase.store(static_cast<int>(base), std::memory_order_relaxed);
     // Prime the address ranges while the process is still quiet.

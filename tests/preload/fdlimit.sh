@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # A program that fits `ulimit -Sn 1024` without the shim still fits with it, select() included,
-# and its connections use the fabric. Usage: fdlimit.sh PROGRAM PRELOAD_LIB
+# and its connections use the fabric; also where the soft limit is the hard one (nothing can be
+# raised: the shim's descriptors go to the upper half). Usage: fdlimit.sh PROGRAM PRELOAD_LIB
 set -euo pipefail
 prog=$1
 lib=$2
@@ -22,5 +23,16 @@ cat "$work/stats.json"
 # Both ends in one process: every connection counts twice.
 grep -q "\"fabric_connections\": $((2 * n))," "$work/stats.json" || {
 	echo "expected $((2 * n)) fabric connections"
+	exit 1
+}
+
+# Soft limit = hard limit = 4096: 400 descriptors of the program's below FD_SETSIZE, 1,600 or
+# so of the shim's (four per fabric connection end) above 2048.
+m=200
+echo "soft = hard = 4096, with the shim:"
+(ulimit -n 4096 && timeout 120 env RSTREAM_STATS="$work/stats2.json" LD_PRELOAD="$lib" "$prog" $m)
+cat "$work/stats2.json"
+grep -q "\"fabric_connections\": $((2 * m))," "$work/stats2.json" || {
+	echo "soft = hard: expected $((2 * m)) fabric connections"
 	exit 1
 }
