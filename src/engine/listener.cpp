@@ -29,10 +29,9 @@ Listener::~Listener()
     ProgressThread::instance().unwatchListener(this);
     // Connections nobody accepted are reset, as the kernel resets them.
     ready_.clear();
-    if (pep_)
-        fi_close(&pep_->fid);
-    if (eq_)
-        fi_close(&eq_->fid);
+    // The endpoint before the EQ it is bound to.
+    pep_.reset();
+    eq_.reset();
     if (info_)
         fi_freeinfo(info_);
     if (readyFd_ >= 0)
@@ -54,13 +53,13 @@ int Listener::bind(const sockaddr *addr, socklen_t len)
         return ret;
     fi_eq_attr eattr{};
     eattr.wait_obj = FI_WAIT_FD;
-    ret = fi_eq_open(domain_->fabric(), &eattr, &eq_, this);
+    ret = fi_eq_open(domain_->fabric(), &eattr, eq_.out(), this);
     if (ret)
         return fiErr(ret);
     ret = fi_control(&eq_->fid, FI_GETWAIT, &waitFd_);
     if (ret)
         return fiErr(ret);
-    ret = fi_passive_ep(domain_->fabric(), info_, &pep_, this);
+    ret = fi_passive_ep(domain_->fabric(), info_, pep_.out(), this);
     if (ret)
         return fiErr(ret);
     ret = fi_pep_bind(pep_, &eq_->fid, 0);
