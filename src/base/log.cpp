@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "configvars.h"
+#include "kernel.h"
 
 namespace rstream {
 
@@ -80,11 +81,14 @@ void openLogFile(std::string *failed)
     gOwnFd = true;
 }
 
+// Through the seam, so that under the shim a line never re-enters its write(). Safe from a
+// signal handler and before any constructor: the seam's table is constant-initialized, the call
+// is the plain write(2), and the result carries its errno (vlog restores the caller's anyway).
 void writeLine(int fd, const char *buf, size_t n)
 {
     while (n > 0) {
-        ssize_t w = ::write(fd, buf, n);
-        if (w < 0 && errno == EINTR)
+        ssize_t w = sys::write(fd, buf, n);
+        if (w == -EINTR)
             continue;
         if (w <= 0)
             return;
@@ -172,7 +176,7 @@ void logAfterFork()
     new (&gInitMutex) std::mutex();
     if (!gReady.load(std::memory_order_relaxed) || !gPathHasPid || !gOwnFd)
         return;
-    ::close(gLogFd);
+    sys::close(gLogFd);
     gLogFd = STDERR_FILENO;
     gOwnFd = false;
     gLogFdReady.store(-1, std::memory_order_release);
