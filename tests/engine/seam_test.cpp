@@ -2,6 +2,7 @@
 // The engine makes and closes its own fds (progress thread, listener, sleepers) through the seam.
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -25,9 +26,9 @@ std::mutex gMutex;
 std::multiset<int> gOpened; // fds made through the seam and not yet closed through it
 std::set<int> gEverOpened;
 std::set<int> gClosed;
-int gEventfds = 0;
-int gEpolls = 0;
-int gCloses = 0;
+std::atomic<int> gEventfds{0};
+std::atomic<int> gEpolls{0};
+std::atomic<int> gCloses{0};
 
 void opened(int fd)
 {
