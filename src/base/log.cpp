@@ -81,9 +81,10 @@ void openLogFile(std::string *failed)
     gOwnFd = true;
 }
 
-// Through the seam, so that under the shim a line never re-enters its write(). Safe from a
-// signal handler and before any constructor: the seam's table is constant-initialized, the call
-// is the plain write(2), and the result carries its errno (vlog restores the caller's anyway).
+// Through the seam, so that under the shim a line does not re-enter its write(). Usable from a
+// signal handler and before any constructor has run: the seam's table is constant-initialized
+// and a call through it is a plain function pointer. EINTR is read from the result, not from
+// errno (vlog restores the caller's errno in any case).
 void writeLine(int fd, const char *buf, size_t n)
 {
     while (n > 0) {
