@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "configvars.h"
+#include "kernel.h"
 
 namespace rstream {
 
@@ -80,11 +81,15 @@ void openLogFile(std::string *failed)
     gOwnFd = true;
 }
 
+// Through the seam, so that under the shim a line does not re-enter its write(). Usable from a
+// signal handler and before any constructor has run: the seam's table is constant-initialized
+// and a call through it is a plain function pointer. EINTR is read from the result, not from
+// errno (vlog restores the caller's errno in any case).
 void writeLine(int fd, const char *buf, size_t n)
 {
     while (n > 0) {
-        ssize_t w = ::write(fd, buf, n);
-        if (w < 0 && errno == EINTR)
+        ssize_t w = sys::write(fd, buf, n);
+        if (w == -EINTR)
             continue;
         if (w <= 0)
             return;
@@ -172,7 +177,7 @@ void logAfterFork()
     new (&gInitMutex) std::mutex();
     if (!gReady.load(std::memory_order_relaxed) || !gPathHasPid || !gOwnFd)
         return;
-    ::close(gLogFd);
+    sys::close(gLogFd);
     gLogFd = STDERR_FILENO;
     gOwnFd = false;
     gLogFdReady.store(-1, std::memory_order_release);

@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <sys/random.h>
 
+#include "address.h"
 #include "log.h"
 
 namespace rstream {
@@ -112,7 +113,7 @@ int getInfo(const Settings &settings, const sockaddr *src, socklen_t srcLen, con
     if (any)
         hints->addr_format = any->sa_family == AF_INET6 ? FI_SOCKADDR_IN6 : FI_SOCKADDR_IN;
     uint64_t flags = 0;
-    char node[INET6_ADDRSTRLEN] = {};
+    std::string node;
     char service[8] = {};
     bool byName = false;
     if (dst) {
@@ -127,27 +128,22 @@ int getInfo(const Settings &settings, const sockaddr *src, socklen_t srcLen, con
     } else if (src) {
         // A passive endpoint: by node and service with FI_SOURCE, since the provider drops the
         // port of a wildcard source address.
-        uint16_t port;
         bool wildcard;
         if (src->sa_family == AF_INET6) {
             auto *a = reinterpret_cast<const sockaddr_in6 *>(src);
-            port = ntohs(a->sin6_port);
             wildcard = IN6_IS_ADDR_UNSPECIFIED(&a->sin6_addr);
-            inet_ntop(AF_INET6, &a->sin6_addr, node, sizeof(node));
         } else {
             auto *a = reinterpret_cast<const sockaddr_in *>(src);
-            port = ntohs(a->sin_port);
             wildcard = a->sin_addr.s_addr == htonl(INADDR_ANY);
-            inet_ntop(AF_INET, &a->sin_addr, node, sizeof(node));
         }
-        snprintf(service, sizeof(service), "%u", port);
-        if (wildcard)
-            node[0] = '\0';
+        snprintf(service, sizeof(service), "%d", addressPort(src));
+        if (!wildcard)
+            node = hostText(src);
         flags |= FI_SOURCE;
         byName = true;
     }
     fi_info *info = nullptr;
-    int ret = fi_getinfo(kApiVersion, byName && node[0] ? node : nullptr,
+    int ret = fi_getinfo(kApiVersion, byName && !node.empty() ? node.c_str() : nullptr,
                          byName ? service : nullptr, flags, hints, &info);
     fi_freeinfo(hints);
     if (ret) {

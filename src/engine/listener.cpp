@@ -11,6 +11,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "kernel.h"
 #include "log.h"
 #include "progress.h"
 #include "wire.h"
@@ -19,7 +20,8 @@ namespace rstream {
 
 Listener::Listener(const Settings &settings) : settings_(settings)
 {
-    readyFd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    // -1 (not -errno) when it cannot be had: pollers then sleep on the EQ's wait fd alone.
+    readyFd_ = std::max(sys::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), -1);
 }
 
 Listener::~Listener()
@@ -27,14 +29,13 @@ Listener::~Listener()
     ProgressThread::instance().unwatchListener(this);
     // Connections nobody accepted are reset, as the kernel resets them.
     ready_.clear();
-    if (pep_)
-        fi_close(&pep_->fid);
-    if (eq_)
-        fi_close(&eq_->fid);
+    // The endpoint before the EQ it is bound to.
+    pep_.reset();
+    eq_.reset();
     if (info_)
         fi_freeinfo(info_);
     if (readyFd_ >= 0)
-        ::close(readyFd_);
+        sys::close(readyFd_);
 }
 
 int Listener::bind(const sockaddr *addr, socklen_t len)
@@ -52,13 +53,13 @@ int Listener::bind(const sockaddr *addr, socklen_t len)
         return ret;
     fi_eq_attr eattr{};
     eattr.wait_obj = FI_WAIT_FD;
-    ret = fi_eq_open(domain_->fabric(), &eattr, &eq_, this);
+    ret = fi_eq_open(domain_->fabric(), &eattr, eq_.out(), this);
     if (ret)
         return fiErr(ret);
     ret = fi_control(&eq_->fid, FI_GETWAIT, &waitFd_);
     if (ret)
         return fiErr(ret);
-    ret = fi_passive_ep(domain_->fabric(), info_, &pep_, this);
+    ret = fi_passive_ep(domain_->fabric(), info_, pep_.out(), this);
     if (ret)
         return fiErr(ret);
     ret = fi_pep_bind(pep_, &eq_->fid, 0);
@@ -198,8 +199,7 @@ int Listener::accept(std::unique_ptr<Connection> *out, bool nonblock, int timeou
         }
         // The progress thread may answer the request first: its queue signals readyFd_.
         pollfd pfd[2] = {{waitFd_, POLLIN, 0}, {readyFd_, POLLIN, 0}};
-        int n = ::poll(pfd, 2, timeout);
-        if (n < 0 && errno == EINTR)
+        if (sys::poll(pfd, 2, timeout) == -EINTR)
             return -EINTR;
     }
 }
@@ -223,16 +223,16 @@ void Listener::syncReadyFdLocked()
     // Readable exactly while connections wait in the queue.
     uint64_t v;
     if (ready_.empty()) {
-        if (::read(readyFd_, &v, sizeof(v)) < 0) {
+        if (sys::read(readyFd_, &v, sizeof(v)) < 0) {
             // Already drained.
         }
     } else {
         v = 1;
-        if (::read(readyFd_, &v, sizeof(v)) < 0) {
+        if (sys::read(readyFd_, &v, sizeof(v)) < 0) {
             // Was not signalled.
         }
         v = 1;
-        if (::write(readyFd_, &v, sizeof(v)) < 0) {
+        if (sys::write(readyFd_, &v, sizeof(v)) < 0) {
             // Cannot overflow at 1.
         }
     }

@@ -14,6 +14,7 @@
 
 #include "connection.h"
 #include "fabric.h"
+#include "fid.h"
 #include "progress.h"
 #include "settings.h"
 
@@ -61,8 +62,9 @@ private:
     Settings settings_;
     std::shared_ptr<Domain> domain_;
     fi_info *info_ = nullptr;
-    fid_pep *pep_ = nullptr;
-    fid_eq *eq_ = nullptr;
+    // Closed by the destructor, the endpoint before its EQ.
+    FidPtr<fid_pep> pep_;
+    FidPtr<fid_eq> eq_;
     int waitFd_ = -1;
     int readyFd_ = -1;
     std::mutex mutex_;

@@ -19,6 +19,7 @@
 #include <thread>
 #include <unistd.h>
 
+#include "kernel.h"
 #include "log.h"
 
 namespace rstream {
@@ -32,9 +33,11 @@ ProgressThread &ProgressThread::instance()
 
 ProgressThread::ProgressThread()
 {
-    epollFd_ = ::epoll_create1(EPOLL_CLOEXEC);
-    if (epollFd_ < 0)
-        RS_LOG(Error, "progress thread: epoll_create1 failed");
+    epollFd_ = sys::epollCreate1(EPOLL_CLOEXEC);
+    if (epollFd_ < 0) {
+        RS_LOG(Error, "progress thread: epoll_create1 failed (%s)", strerror(-epollFd_));
+        epollFd_ = -1;
+    }
     // A fork child has no progress thread, and shares the parent's epoll set: it must neither
     // add its connections to that set nor believe a thread serves them.
     pthread_atfork(
@@ -67,10 +70,10 @@ void ProgressThread::afterFork()
     nextTimerNs_ = INT64_MAX;
     passiveNextNs_ = 0;
     if (epollFd_ >= 0)
-        ::close(epollFd_);
-    epollFd_ = ::epoll_create1(EPOLL_CLOEXEC);
+        sys::close(epollFd_);
+    epollFd_ = std::max(sys::epollCreate1(EPOLL_CLOEXEC), -1); // -1, not -errno: "none"
     if (eventFd_ >= 0)
-        ::close(eventFd_);
+        sys::close(eventFd_);
     eventFd_ = -1;
     started_.store(false, std::memory_order_release);
     pendingMutex_.unlock();
@@ -82,9 +85,10 @@ void ProgressThread::start()
 {
     if (started_.load(std::memory_order_relaxed))
         return;
-    eventFd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    eventFd_ = sys::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (eventFd_ < 0) {
-        RS_LOG(Error, "progress thread: eventfd failed");
+        RS_LOG(Error, "progress thread: eventfd failed (%s)", strerror(-eventFd_));
+        eventFd_ = -1;
         return;
     }
     // The thread must not take the application's signals.
@@ -112,7 +116,7 @@ void ProgressThread::watch(ProgressClient *conn)
     uint64_t one = 1;
     if (asleep_ && eventFd_ >= 0) {
         asleep_ = false;
-        if (::write(eventFd_, &one, sizeof(one)) < 0) {
+        if (sys::write(eventFd_, &one, sizeof(one)) < 0) {
             // Already signalled.
         }
     }
@@ -128,7 +132,7 @@ void ProgressThread::watchListener(AcceptClient *listener)
     if (std::find(listeners_.begin(), listeners_.end(), listener) == listeners_.end())
         listeners_.push_back(listener);
     uint64_t one = 1;
-    if (eventFd_ >= 0 && ::write(eventFd_, &one, sizeof(one)) < 0) {
+    if (eventFd_ >= 0 && sys::write(eventFd_, &one, sizeof(one)) < 0) {
         // Already signalled.
     }
 }
@@ -155,8 +159,11 @@ void ProgressThread::addPassive(ProgressClient *conn, int fd)
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.ptr = conn;
-    if (epollFd_ >= 0 && ::epoll_ctl(epollFd_, EPOLL_CTL_ADD, fd, &ev) < 0 && errno != EEXIST)
-        RS_LOG(Warn, "progress thread: cannot watch a connection (%s)", strerror(errno));
+    if (epollFd_ < 0)
+        return;
+    const int r = sys::epollCtl(epollFd_, EPOLL_CTL_ADD, fd, &ev);
+    if (r < 0 && r != -EEXIST)
+        RS_LOG(Warn, "progress thread: cannot watch a connection (%s)", strerror(-r));
 }
 
 void ProgressThread::schedule(ProgressClient *conn, int64_t deadlineNs)
@@ -172,7 +179,7 @@ void ProgressThread::schedule(ProgressClient *conn, int64_t deadlineNs)
     if (deadlineNs < pendingMinNs_) {
         pendingMinNs_ = deadlineNs;
         uint64_t one = 1;
-        if (eventFd_ >= 0 && ::write(eventFd_, &one, sizeof(one)) < 0) {
+        if (eventFd_ >= 0 && sys::write(eventFd_, &one, sizeof(one)) < 0) {
             // Already signalled.
         }
     }
@@ -202,7 +209,7 @@ void ProgressThread::forget(ProgressClient *conn, int fd)
     }
     // Events are read and dispatched with mutex_ held, so none can name conn after this.
     if (fd >= 0 && epollFd_ >= 0)
-        ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, fd, nullptr);
+        sys::epollCtl(epollFd_, EPOLL_CTL_DEL, fd, nullptr);
 }
 
 void ProgressThread::runTimersLocked(int64_t now)
@@ -231,12 +238,13 @@ void ProgressThread::runPassiveLocked()
     // Everything ready now, in batches: a round is rare, a backlog should not span several.
     epoll_event events[256];
     for (int batch = 0; batch < 16; batch++) {
-        int n = ::epoll_wait(epollFd_, events, 256, 0);
+        // An error (n < 0) ends the round as no events would.
+        int n = sys::epollWait(epollFd_, events, 256, 0);
         for (int i = 0; i < n; i++) {
             auto *c = static_cast<ProgressClient *>(events[i].data.ptr);
             bool watch = false;
             if (!c->passiveProgress(&watch))
-                ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, c->waitFd(), nullptr);
+                sys::epollCtl(epollFd_, EPOLL_CTL_DEL, c->waitFd(), nullptr);
             if (watch && std::find(watched_.begin(), watched_.end(), c) == watched_.end())
                 watched_.push_back(c);
         }
@@ -353,10 +361,10 @@ void ProgressThread::run()
             if (timeout < 0 || ms < timeout)
                 timeout = static_cast<int>(ms);
         }
-        int n = ::poll(fds.data(), fds.size(), timeout);
+        int n = sys::poll(fds.data(), fds.size(), timeout);
         if (n > 0 && (fds[0].revents & POLLIN)) {
             uint64_t v;
-            ssize_t r = ::read(eventFd_, &v, sizeof(v));
+            ssize_t r = sys::read(eventFd_, &v, sizeof(v));
             (void)r;
         }
         if (n > 0 && passiveOpen && (fds.back().revents & POLLIN)) {

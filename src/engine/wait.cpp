@@ -15,6 +15,7 @@
 #include <rdma/fi_cm.h>
 
 #include "clock.h"
+#include "kernel.h"
 #include "progress.h"
 
 namespace rstream {
@@ -26,17 +27,17 @@ namespace {
 class WakeFd
 {
 public:
-    WakeFd() : fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+    WakeFd() : fd_(std::max(sys::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), -1)) {}
     ~WakeFd()
     {
         if (fd_ >= 0)
-            ::close(fd_);
+            sys::close(fd_);
     }
     int fd() const { return fd_; }
     void drain() const
     {
         uint64_t v;
-        while (::read(fd_, &v, sizeof(v)) > 0) {
+        while (sys::read(fd_, &v, sizeof(v)) > 0) {
         }
     }
 
@@ -99,7 +100,7 @@ int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
         appSleeping_.fetch_add(1, std::memory_order_relaxed);
         lock.unlock();
         pollfd pfd[2] = {{waitFd_, POLLIN, 0}, {wakeFd, POLLIN, 0}};
-        int n, saved;
+        int n;
         {
             // Also runs when pthread_cancel unwinds out of poll(): a cancelled thread's eventfd
             // must not stay registered (its number would be reused).
@@ -119,12 +120,12 @@ int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
                         sleepers.erase(it);
                 }
             } unregister{lock, sleepers_, appSleeping_, wakeFd};
-            n = ::poll(pfd, 2, timeout);
-            saved = errno;
+            // The result carries its own errno, which ~Unregister's locking may change.
+            n = sys::poll(pfd, 2, timeout);
         }
         if (pfd[1].revents & POLLIN)
             tWakeFd.drain();
-        if (n < 0 && saved == EINTR)
+        if (n == -EINTR)
             return -EINTR;
     }
 }
@@ -239,7 +240,7 @@ void Connection::wakeSleepersLocked()
     if (changed_) {
         const uint64_t one = 1;
         for (int fd : sleepers_)
-            if (::write(fd, &one, sizeof(one)) < 0) {
+            if (sys::write(fd, &one, sizeof(one)) < 0) {
                 // Already readable: the sleeper wakes anyway.
             }
     }

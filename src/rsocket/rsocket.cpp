@@ -4,6 +4,7 @@
 
 #include <rstream/rsocket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdarg>
@@ -16,6 +17,7 @@
 #include "boundary.h"
 #include "crash.h"
 #include "fdtable.h"
+#include "kernel.h"
 #include "log.h"
 #include "poller.h"
 #include "socket.h"
@@ -81,14 +83,13 @@ auto boundary(F &&f) -> decltype(f())
 // fds, fit fd_set like any fd, and close-on-exec and fstat behave.
 int placeholder(int domain, int type)
 {
-    int fd = ::socket(domain, SOCK_STREAM | (type & (SOCK_CLOEXEC | SOCK_NONBLOCK)), 0);
-    return fd < 0 ? -errno : fd;
+    return sys::socket(domain, SOCK_STREAM | (type & (SOCK_CLOEXEC | SOCK_NONBLOCK)), 0);
 }
 
 int install(int fd, std::shared_ptr<Socket> s)
 {
     if (!sockets().set(fd, std::move(s))) {
-        ::close(fd);
+        sys::close(fd);
         return -EMFILE;
     }
     return fd;
@@ -194,15 +195,15 @@ __attribute__((visibility("default"))) int rclose(int socket)
     return boundary([&]() -> int {
         if (auto s = sockets().take(socket)) {
             // The table lets go first, so the number cannot be found again once reused.
-            ::close(socket);
+            sys::close(socket);
             s.reset(); // the connection closes when its last user is done, as in the kernel
             return 0;
         }
         if (auto e = epolls().take(socket)) {
-            ::close(socket);
+            sys::close(socket);
             return 0;
         }
-        return ::close(socket) < 0 ? -errno : 0;
+        return sys::close(socket);
     });
 }
 
@@ -312,9 +313,8 @@ __attribute__((visibility("default"))) ssize_t rwritev(int socket, const struct 
 __attribute__((visibility("default"))) int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
 {
     pthread_testcancel();
-    return boundary([&]() -> int {
-        return pollFds(fds, nfds, timeout, nullptr, resolvePollable, spinUs());
-    });
+    return boundary(
+        [&]() -> int { return pollFds(fds, nfds, timeout, nullptr, resolvePollable, spinUs()); });
 }
 
 __attribute__((visibility("default"))) int rselect(int nfds, fd_set *readfds, fd_set *writefds,
@@ -375,21 +375,19 @@ __attribute__((visibility("default"))) int rfcntl(int socket, int cmd, ...)
             return -EBADF;
         switch (cmd) {
         case F_GETFL: {
-            int fl = ::fcntl(socket, F_GETFL);
+            int fl = sys::fcntl(socket, F_GETFL);
             if (fl < 0)
-                return -errno;
+                return fl;
             return s->nonblocking() ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK);
         }
         case F_SETFL:
             s->setNonblocking(arg & O_NONBLOCK);
-            return ::fcntl(socket, F_SETFL, static_cast<int>(arg)) < 0 ? -errno : 0;
+            return std::min(sys::fcntl(socket, F_SETFL, static_cast<int>(arg)), 0);
         case F_GETFD:
         case F_SETFD:
         case F_GETOWN:
-        case F_SETOWN: {
-            int r = ::fcntl(socket, cmd, static_cast<int>(arg));
-            return r < 0 ? -errno : r;
-        }
+        case F_SETOWN:
+            return sys::fcntl(socket, cmd, static_cast<int>(arg));
         default:
             // Duplicating an rsocket is not supported: a copy would not be an rsocket.
             return -EINVAL;
@@ -436,11 +434,11 @@ __attribute__((visibility("default"))) int repoll_create(int size)
     return boundary([&]() -> int {
         if (size <= 0)
             return -EINVAL;
-        int fd = ::epoll_create1(EPOLL_CLOEXEC);
+        int fd = sys::epollCreate1(EPOLL_CLOEXEC);
         if (fd < 0)
-            return -errno;
+            return fd;
         if (!epolls().set(fd, std::make_shared<EpollSet>(fd))) {
-            ::close(fd);
+            sys::close(fd);
             return -EMFILE;
         }
         return fd;
@@ -453,12 +451,12 @@ __attribute__((visibility("default"))) int repoll_ctl(int epfd, int op, int fd,
     return boundary([&]() -> int {
         auto set = epolls().get(epfd);
         auto s = resolve(fd);
-        if (!set && ::fcntl(epfd, F_GETFD) < 0)
+        if (!set && sys::fcntl(epfd, F_GETFD) < 0)
             return -EBADF; // the epoll fd is checked first, as Linux does
         if (!set) {
             if (s)
                 return -EINVAL; // a kernel epoll instance cannot watch an rsocket
-            return ::epoll_ctl(epfd, op, fd, event) < 0 ? -errno : 0;
+            return std::min(sys::epollCtl(epfd, op, fd, event), 0);
         }
         return set->ctl(op, fd, event, s);
     });
@@ -470,10 +468,8 @@ __attribute__((visibility("default"))) int repoll_wait(int epfd, struct epoll_ev
     pthread_testcancel();
     return boundary([&]() -> int {
         auto set = epolls().get(epfd);
-        if (!set) {
-            int r = ::epoll_wait(epfd, events, maxevents, timeout);
-            return r < 0 ? -errno : r;
-        }
+        if (!set)
+            return sys::epollWait(epfd, events, maxevents, timeout);
         return set->wait(events, maxevents, timeout, nullptr, spinUs());
     });
 }

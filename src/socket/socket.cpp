@@ -3,6 +3,7 @@
 
 #include "socket.h"
 #include "clock.h"
+#include "kernel.h"
 #include "socket_internal.h"
 
 #include <algorithm>
@@ -54,7 +55,7 @@ Socket::~Socket()
 void Socket::releaseProbe()
 {
     if (probeFd_ >= 0) {
-        ::close(probeFd_);
+        sys::close(probeFd_);
         probeFd_ = -1;
     }
 }

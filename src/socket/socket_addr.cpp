@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Socket addresses: bind's probe, argument checks, family mapping, getsockname and getpeername.
 
+#include "kernel.h"
 #include "socket.h"
 #include "socket_internal.h"
 
@@ -41,26 +42,25 @@ int copyAddress(const sockaddr_storage &ss, socklen_t ssLen, sockaddr *addr, soc
 int probeBind(int family, bool v6Only, bool reuseAddr, const sockaddr *addr, socklen_t len,
               sockaddr_storage *bound, socklen_t *boundLen)
 {
-    int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = sys::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
-        return -errno;
+        return fd;
     int reuse = reuseAddr ? 1 : 0;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &reuse, sizeof(reuse));
+    sys::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &reuse, sizeof(reuse));
     if (family == AF_INET6) {
         int v = v6Only ? 1 : 0;
-        ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v, sizeof(v));
+        sys::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v, sizeof(v));
     }
-    int ret = fd;
-    if (::bind(fd, addr, len) < 0) {
-        ret = -errno;
-    } else {
+    int ret = sys::bind(fd, addr, len);
+    if (ret == 0) {
         *boundLen = sizeof(*bound);
-        if (::getsockname(fd, reinterpret_cast<sockaddr *>(bound), boundLen) < 0)
-            ret = -errno;
+        ret = sys::getsockname(fd, reinterpret_cast<sockaddr *>(bound), boundLen);
     }
-    if (ret < 0)
-        ::close(fd);
-    return ret;
+    if (ret < 0) {
+        sys::close(fd);
+        return ret;
+    }
+    return fd;
 }
 
 int checkAddress(int family, const sockaddr *addr, socklen_t len)

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // setsockopt and getsockopt: one table of the options, how each is passed, kept and applied.
 
+#include "kernel.h"
 #include "socket.h"
 #include "socket_internal.h"
 
@@ -95,12 +96,12 @@ timeval timevalFromMs(int ms)
 // kernel socket of the family.
 int kernelDefault(int family, int level, int name, int *out)
 {
-    int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = sys::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
-        return -errno;
+        return fd;
     socklen_t l = sizeof(*out);
-    int ret = ::getsockopt(fd, level, name, out, &l) < 0 ? -errno : 0;
-    ::close(fd);
+    int ret = sys::getsockopt(fd, level, name, out, &l);
+    sys::close(fd);
     return ret;
 }
 
