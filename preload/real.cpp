@@ -108,13 +108,16 @@ int kPoll(pollfd *fds, nfds_t n, int t)
 {
     return real_poll()(fds, n, t);
 }
+// The layers below create eventfds and epoll sets only for themselves: like every internal fd,
+// they live above the program's range (moveHigh). Sockets made through the seam may be the
+// program's (an accepted fabric connection's fd), so they stay where the kernel puts them.
 int kEpollCreate1(int flags)
 {
-    return real_epoll_create1()(flags);
+    return moveHigh(real_epoll_create1()(flags));
 }
 int kEventfd(unsigned int v, int flags)
 {
-    return real_eventfd()(v, flags);
+    return moveHigh(real_eventfd()(v, flags));
 }
 
 // The kernel seam (src/base/kernel.h) as the layers below the shim see it: the functions the
