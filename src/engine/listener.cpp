@@ -11,6 +11,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "kernel.h"
 #include "log.h"
 #include "progress.h"
@@ -27,8 +28,14 @@ Listener::Listener(const Settings &settings) : settings_(settings)
 Listener::~Listener()
 {
     ProgressThread::instance().unwatchListener(this);
-    // Connections nobody accepted are reset, as the kernel resets them.
+    // Connections nobody accepted are reset, as the kernel resets them; requests nobody
+    // answered are refused.
     ready_.clear();
+    for (Held &h : held_) {
+        fi_reject(pep_, h.info->handle, nullptr, 0);
+        fi_freeinfo(h.info);
+    }
+    held_.clear();
     // The endpoint before the EQ it is bound to.
     pep_.reset();
     eq_.reset();
@@ -104,23 +111,61 @@ void Listener::pumpLocked()
     }
 }
 
-int Listener::backgroundAccept()
+int Listener::backgroundAccept(int64_t *deadlineNs)
 {
-    if (!background_.load(std::memory_order_relaxed))
-        return -1;
+    const bool background = background_.load(std::memory_order_relaxed);
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock() || !listening_)
         return -1;
-    pumpLocked();
-    if (ready_.size() >= backlog_)
-        return -1;
+    if (background) {
+        pumpLocked();
+        if (ready_.size() >= backlog_)
+            return -1;
+    } else {
+        *deadlineNs = std::min(*deadlineNs, holdLocked(nowNs()));
+    }
     // The wait fd stays readable after the EQ was read until fi_trywait re-arms it.
     fid *fids[1] = {&eq_->fid};
     fi_trywait(domain_->fabric(), fids, 1);
     return waitFd_;
 }
 
-int Listener::acceptOne(std::unique_ptr<Connection> *out)
+void Listener::setBackgroundAccept(bool on)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!on && background_.load(std::memory_order_relaxed))
+        sharedSinceNs_ = nowNs();
+    background_.store(on, std::memory_order_relaxed);
+    // Wake the progress thread: it now reads this listener's requests only to hold them.
+    ProgressThread::instance().watchListener(this);
+}
+
+int64_t Listener::holdLocked(int64_t now)
+{
+    fi_info *info;
+    wire::Hello peer;
+    while (readRequestLocked(&info, &peer) == 0)
+        held_.push_back({info, peer, now});
+    // A request the process has not looked at within the grace is refused: nobody here is
+    // going to accept it.
+    const int64_t grace = appLookNs_ < sharedSinceNs_ ? kIdleGraceNs : kBusyGraceNs;
+    while (!held_.empty() && held_.front().sinceNs > appLookNs_ &&
+           now - held_.front().sinceNs >= grace) {
+        if (!refusedLogged_) {
+            RS_LOG(Info, "listener: refusing connection requests that this process does not "
+                         "accept (the listener is shared with a fork child): the peers fall "
+                         "back to kernel TCP");
+            refusedLogged_ = true;
+        }
+        fi_reject(pep_, held_.front().info->handle, nullptr, 0);
+        fi_freeinfo(held_.front().info);
+        held_.pop_front();
+    }
+    syncReadyFdLocked();
+    return held_.empty() ? INT64_MAX : held_.front().sinceNs + grace;
+}
+
+int Listener::readRequestLocked(fi_info **info, wire::Hello *peer)
 {
     alignas(fi_eq_cm_entry) uint8_t buf[sizeof(fi_eq_cm_entry) + 256];
     auto &entry = *reinterpret_cast<fi_eq_cm_entry *>(buf);
@@ -142,28 +187,59 @@ int Listener::acceptOne(std::unique_ptr<Connection> *out)
                 fi_freeinfo(entry.info);
             continue;
         }
-        fi_info *info = entry.info;
         size_t dataLen = size_t(ret) > sizeof(entry) ? ret - sizeof(entry) : 0;
-        wire::Hello peer;
-        int r = wire::decodeHello(entry.data, dataLen, &peer);
+        int r = wire::decodeHello(entry.data, dataLen, peer);
         if (r < 0) {
             RS_LOG(Info, "listener: rejecting a peer with a bad hello (%s)", strerror(-r));
-            fi_reject(pep_, info->handle, nullptr, 0);
-            fi_freeinfo(info);
+            fi_reject(pep_, entry.info->handle, nullptr, 0);
+            fi_freeinfo(entry.info);
             continue;
         }
-        auto conn = std::make_unique<Connection>(settings_);
-        bool rejectable;
-        r = conn->startAccept(info, peer, &rejectable); // takes info
-        if (r < 0) {
-            RS_LOG(Info, "listener: cannot accept: %s", strerror(-r));
-            if (rejectable)
-                fi_reject(pep_, info->handle, nullptr, 0);
-            continue;
-        }
-        *out = std::move(conn);
+        *info = entry.info;
         return 0;
     }
+}
+
+int Listener::answerLocked(fi_info *info, const wire::Hello &peer,
+                           std::unique_ptr<Connection> *out)
+{
+    auto conn = std::make_unique<Connection>(settings_);
+    bool rejectable;
+    int r = conn->startAccept(info, peer, &rejectable); // takes info
+    if (r < 0) {
+        RS_LOG(Info, "listener: cannot accept: %s", strerror(-r));
+        if (rejectable)
+            fi_reject(pep_, info->handle, nullptr, 0);
+        return r;
+    }
+    *out = std::move(conn);
+    return 0;
+}
+
+int Listener::acceptOne(std::unique_ptr<Connection> *out)
+{
+    // Requests held while nobody looked come first: they arrived first.
+    while (!held_.empty()) {
+        Held h = held_.front();
+        held_.pop_front();
+        if (answerLocked(h.info, h.peer, out) == 0)
+            return 0;
+    }
+    for (;;) {
+        fi_info *info;
+        wire::Hello peer;
+        int r = readRequestLocked(&info, &peer);
+        if (r < 0)
+            return r;
+        if (answerLocked(info, peer, out) == 0)
+            return 0;
+    }
+}
+
+void Listener::appPumpLocked()
+{
+    appLookNs_ = nowNs();
+    pumpLocked();
 }
 
 int Listener::accept(std::unique_ptr<Connection> *out, bool nonblock, int timeoutMs)
@@ -175,7 +251,7 @@ int Listener::accept(std::unique_ptr<Connection> *out, bool nonblock, int timeou
             std::lock_guard<std::mutex> lock(mutex_);
             if (!listening_)
                 return -EINVAL;
-            pumpLocked();
+            appPumpLocked();
             if (!ready_.empty()) {
                 *out = std::move(ready_.front());
                 ready_.pop_front();
@@ -207,22 +283,23 @@ int Listener::accept(std::unique_ptr<Connection> *out, bool nonblock, int timeou
 int Listener::arm()
 {
     std::lock_guard<std::mutex> lock(mutex_);
-    pumpLocked();
+    appPumpLocked();
     return armLocked();
 }
 
 bool Listener::pending()
 {
     std::lock_guard<std::mutex> lock(mutex_);
-    pumpLocked();
+    appPumpLocked();
     return !ready_.empty();
 }
 
 void Listener::syncReadyFdLocked()
 {
-    // Readable exactly while connections wait in the queue.
+    // Readable exactly while connections wait in the queue, or requests wait for this process
+    // to look (it then answers them).
     uint64_t v;
-    if (ready_.empty()) {
+    if (ready_.empty() && held_.empty()) {
         if (sys::read(readyFd_, &v, sizeof(v)) < 0) {
             // Already drained.
         }
@@ -242,7 +319,7 @@ int Listener::armLocked()
 {
     if (!eq_)
         return 0;
-    if (!ready_.empty())
+    if (!ready_.empty() || !held_.empty())
         return -EAGAIN;
     fid *fids[1] = {&eq_->fid};
     int ret = fi_trywait(domain_->fabric(), fids, 1);

@@ -17,6 +17,7 @@
 #include "fid.h"
 #include "progress.h"
 #include "settings.h"
+#include "wire.h"
 
 namespace rstream {
 
@@ -49,13 +50,38 @@ public:
 
     // For the progress thread: answers connection requests into the accept queue (up to the
     // backlog) as the kernel completes handshakes before accept(). Returns the fd to poll for
-    // more, or -1 when the queue is full or the application holds the listener.
-    int backgroundAccept() override;
-    void setBackgroundAccept(bool on) { background_.store(on, std::memory_order_relaxed); }
+    // more, or -1 when the queue is full or the application holds the listener; lowers
+    // *deadlineNs to when it must be called again regardless.
+    int backgroundAccept(int64_t *deadlineNs) override;
+    // Off (in a parent, for a listener shared with a fork child): requests are answered only
+    // when this process looks at the listener (accept, poll). One that it does not look at
+    // within a grace is refused, so that the peer falls back to kernel TCP at once instead of
+    // after its connect timeout: the parent of a prefork server never accepts again.
+    void setBackgroundAccept(bool on);
+    // The grace: short while the process has not looked at the listener since it went off (a
+    // prefork master), longer once it has (an event loop busy for a moment).
+    static constexpr int64_t kIdleGraceNs = 10 * 1000000;
+    static constexpr int64_t kBusyGraceNs = 250 * 1000000;
 
 private:
+    // A request read from the EQ but not answered yet (background accept off).
+    struct Held
+    {
+        fi_info *info;
+        wire::Hello peer;
+        int64_t sinceNs;
+    };
+    // The next connection request with a valid hello (bad ones are refused here): 0, or
+    // -EAGAIN when none is queued.
+    int readRequestLocked(fi_info **info, wire::Hello *peer);
+    int answerLocked(fi_info *info, const wire::Hello &peer, std::unique_ptr<Connection> *out);
     int acceptOne(std::unique_ptr<Connection> *out);
+    // The application looks at the listener: held requests are answered from now on.
+    void appPumpLocked();
     void pumpLocked();
+    // Background accept off: requests wait in held_; the stale ones are refused. Returns the
+    // next deadline (INT64_MAX: none).
+    int64_t holdLocked(int64_t now);
     void syncReadyFdLocked();
     int armLocked();
 
@@ -74,6 +100,10 @@ private:
     size_t backlog_ = 1;
     std::atomic<bool> background_{true};
     std::deque<std::unique_ptr<Connection>> ready_; // handshakes answered, not yet accepted
+    std::deque<Held> held_;
+    int64_t appLookNs_ = 0;    // when the application last looked at the listener
+    int64_t sharedSinceNs_ = 0; // when background accept went off
+    bool refusedLogged_ = false;
 };
 
 } // namespace rstream

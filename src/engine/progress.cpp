@@ -300,12 +300,13 @@ void ProgressThread::run()
         fds.push_back({eventFd_, POLLIN, 0});
         bool busy = false;
         int64_t wakeAt;
+        int64_t listenersWakeAt = INT64_MAX;
         bool passiveOpen;
         {
             // Not under mutex_: answering a request creates a connection, which watch()es.
             std::lock_guard<std::mutex> lock(listenersMutex_);
             for (AcceptClient *l : listeners_) {
-                int fd = l->backgroundAccept();
+                int fd = l->backgroundAccept(&listenersWakeAt);
                 if (fd >= 0)
                     fds.push_back({fd, POLLIN, 0});
             }
@@ -317,7 +318,7 @@ void ProgressThread::run()
             int64_t now = nowNs();
             if (now >= nextTimerNs_)
                 runTimersLocked(now);
-            wakeAt = nextTimerNs_;
+            wakeAt = std::min(nextTimerNs_, listenersWakeAt);
             passiveOpen = now >= passiveNextNs_ && epollFd_ >= 0;
             if (!passiveOpen)
                 wakeAt = std::min(wakeAt, passiveNextNs_);

@@ -59,8 +59,9 @@ class AcceptClient
 {
 public:
     virtual ~AcceptClient() = default;
-    // Answers connection requests in the background. The fd to poll for more, or -1.
-    virtual int backgroundAccept() = 0;
+    // Answers connection requests in the background. The fd to poll for more, or -1; lowers
+    // *deadlineNs to when it must be called again even if that fd stays quiet.
+    virtual int backgroundAccept(int64_t *deadlineNs) = 0;
 };
 
 class ProgressThread
