@@ -1,37 +1,33 @@
 // SPDX-License-Identifier: MIT
-// The shim's process-wide state: the fd tables, the configuration and the error sink.
+// The Shim object and its tables' bookkeeping, the configuration and the error sink.
 
 #include <type_traits>
 
 #include "address.h"
 #include "settings.h"
-#include "shim.h"
+#include "shim_object.h"
 
 namespace rstream::shim {
 
-static_assert(std::is_trivially_destructible_v<FdTable<HybridSocket>>,
-              "the fd tables must outlive every destructor and atexit handler");
+static_assert(std::is_trivially_destructible_v<Shim>,
+              "the Shim object (its fd tables) must outlive every destructor and atexit handler");
 
-constinit FdTable<HybridSocket> gSockets;
-constinit FdTable<ShimEpoll> gEpolls;
-constinit FdTable<ConnRecord> gKernelConns;
-std::atomic<int> gMaxFd{-1};
-std::atomic<bool> gChildKernelOnly{false};
+constinit Shim gShim;
 
-bool installSocket(int fd, std::shared_ptr<HybridSocket> s)
+bool Shim::installSocket(int fd, std::shared_ptr<HybridSocket> s)
 {
-    if (!gSockets.set(fd, std::move(s)))
+    if (!sockets_.set(fd, std::move(s)))
         return false;
-    int m = gMaxFd.load(std::memory_order_relaxed);
-    while (fd > m && !gMaxFd.compare_exchange_weak(m, fd, std::memory_order_relaxed)) {
+    int m = fdBound_.load(std::memory_order_relaxed);
+    while (fd >= m && !fdBound_.compare_exchange_weak(m, fd + 1, std::memory_order_relaxed)) {
     }
     return true;
 }
 
-void releaseFd(int fd)
+void Shim::releaseFd(int fd)
 {
     const int saved = errno;
-    if (auto s = gSockets.take(fd)) {
+    if (auto s = sockets_.take(fd)) {
         try {
             NoCancel nc;
             EngineCall ec;
@@ -41,7 +37,7 @@ void releaseFd(int fd)
             noteInternalError();
         }
     }
-    if (auto k = gKernelConns.take(fd)) {
+    if (auto k = kernelConns_.take(fd)) {
         try {
             NoCancel nc;
             EngineCall ec;
@@ -51,7 +47,7 @@ void releaseFd(int fd)
             noteInternalError();
         }
     }
-    gEpolls.take(fd);
+    epolls_.take(fd);
     errno = saved;
 }
 
@@ -83,30 +79,35 @@ std::shared_ptr<HybridSocket> unlessKernel(std::shared_ptr<HybridSocket> s)
 
 } // namespace
 
-std::shared_ptr<HybridSocket> engineSocket(int fd, const void *ra)
+std::shared_ptr<HybridSocket> Shim::engineSocket(int fd, const void *ra)
 {
-    if (__builtin_expect(tDepth > 0 || !gSockets.has(fd), 1))
+    if (__builtin_expect(tDepth > 0 || !sockets_.has(fd), 1))
         return nullptr;
     if (internalAddress(ra))
         return nullptr;
-    return unlessKernel(gSockets.get(fd));
+    return unlessKernel(sockets_.get(fd));
 }
 
 std::shared_ptr<Pollable> resolvePollable(int fd)
 {
-    if (!gSockets.has(fd)) {
+    return shim().pollable(fd);
+}
+
+std::shared_ptr<Pollable> Shim::pollable(int fd)
+{
+    if (!sockets_.has(fd)) {
         // An epoll fd holding engine sockets, inside poll() or another epoll.
-        if (gEpolls.has(fd)) {
-            auto set = gEpolls.get(fd);
+        if (epolls_.has(fd)) {
+            auto set = epolls_.get(fd);
             if (set && set->engine.load(std::memory_order_acquire))
                 return set;
         }
         return nullptr;
     }
-    return unlessKernel(gSockets.get(fd));
+    return unlessKernel(sockets_.get(fd));
 }
 
-void trackKernelAccept(int listenFd, int fd, bool dual)
+void Shim::trackKernelAccept(int listenFd, int fd, bool dual)
 {
     const int saved = errno;
     try {
@@ -114,7 +115,7 @@ void trackKernelAccept(int listenFd, int fd, bool dual)
         EngineCall ec;
         Fallback why = Fallback::KernelPeer;
         if (!dual) {
-            auto listener = gSockets.get(listenFd);
+            auto listener = sockets_.get(listenFd);
             if (!listener || !listener->kernelListener(&why)) {
                 errno = saved;
                 return;
@@ -124,9 +125,9 @@ void trackKernelAccept(int listenFd, int fd, bool dual)
         sockaddr_storage peer{};
         socklen_t llen = sizeof(local);
         socklen_t plen = sizeof(peer);
-        if (real_getsockname()(fd, reinterpret_cast<sockaddr *>(&local), &llen) != 0)
+        if (real.getsockname()(fd, reinterpret_cast<sockaddr *>(&local), &llen) != 0)
             llen = 0;
-        if (real_getpeername()(fd, reinterpret_cast<sockaddr *>(&peer), &plen) != 0)
+        if (real.getpeername()(fd, reinterpret_cast<sockaddr *>(&peer), &plen) != 0)
             plen = 0;
         auto record =
             std::make_shared<ConnRecord>(fd, false, why, true, reinterpret_cast<sockaddr *>(&local),
@@ -136,7 +137,7 @@ void trackKernelAccept(int listenFd, int fd, bool dual)
                   addressText(reinterpret_cast<sockaddr *>(&peer)).c_str(), fallbackName(why),
                   dual ? "the peer connected over kernel TCP"
                        : "accepted on a listener without a fabric side");
-        gKernelConns.set(fd, std::move(record));
+        kernelConns_.set(fd, std::move(record));
     } catch (...) {
         noteInternalError();
     }

@@ -9,37 +9,19 @@
 
 #include "configvars.h"
 #include "crash.h"
-#include "shim.h"
+#include "shim_object.h"
 
-using namespace rstream;
-using namespace rstream::shim;
+namespace rstream::shim {
 
 namespace {
-
-// Calls f once for every distinct socket in the table (dups share one object).
-template <class F>
-void forEachSocket(F &&f)
-{
-    std::vector<HybridSocket *> seen;
-    const int max = gMaxFd.load(std::memory_order_acquire);
-    for (int fd = 0; fd <= max; fd++) {
-        if (!gSockets.has(fd))
-            continue;
-        auto s = gSockets.get(fd);
-        if (!s || std::find(seen.begin(), seen.end(), s.get()) != seen.end())
-            continue;
-        seen.push_back(s.get());
-        f(*s);
-    }
-}
 
 // For a debugger: `call rstreamDebugDump()` prints every shim socket's state to stderr.
 extern "C" __attribute__((used)) void rstreamDebugDump()
 {
     EngineCall ec;
-    forEachSocket([](HybridSocket &s) {
+    shim().forEachSocket([](HybridSocket &s) {
         std::string line = s.debugState() + "\n";
-        ssize_t r = real_write()(2, line.data(), line.size());
+        ssize_t r = shim().real.write()(2, line.data(), line.size());
         (void)r;
     });
 }
@@ -55,13 +37,13 @@ void inChild()
         used = engineUsed();
         // The fabric connections belong to the parent; the child's copies of the fds only
         // report EIO and never tear the parent's connections down.
-        forEachSocket([](HybridSocket &s) { s.markInherited(); });
+        shim().forEachSocket([](HybridSocket &s) { s.markInherited(); });
     } catch (...) {
         noteInternalError();
     }
     // The engine's threads did not survive the fork: new sockets stay on kernel TCP.
     if (used) {
-        gChildKernelOnly.store(true, std::memory_order_relaxed);
+        shim().childKernelOnly();
         RS_LOG(Info, "preload: fork child of a process that used the fabric: its new sockets "
                      "stay on kernel TCP (fork_child), untracked");
     }
@@ -75,7 +57,7 @@ void inParent()
         // connections answered in the background: if the parent never accepts, its fabric
         // clients would wait forever. Unanswered, they give up after the connect timeout and
         // use kernel TCP, which the children accept.
-        forEachSocket([](HybridSocket &s) { s.onForkParent(); });
+        shim().forEachSocket([](HybridSocket &s) { s.onForkParent(); });
     } catch (...) {
         noteInternalError();
     }
@@ -105,7 +87,7 @@ void writeStats()
     try {
         EngineCall ec;
         // Kernel connections established since their connect returned count now.
-        forEachSocket([](HybridSocket &s) { s.noteExit(); });
+        shim().forEachSocket([](HybridSocket &s) { s.noteExit(); });
         const std::string json = shimStatsJson() + "\n";
         const std::string path = statsPath();
         int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -116,14 +98,14 @@ void writeStats()
         }
         size_t done = 0;
         while (done < json.size()) {
-            ssize_t w = real_write()(fd, json.data() + done, json.size() - done);
+            ssize_t w = shim().real.write()(fd, json.data() + done, json.size() - done);
             if (w < 0 && errno == EINTR)
                 continue;
             if (w <= 0)
                 break;
             done += static_cast<size_t>(w);
         }
-        real_close()(fd);
+        shim().real.close()(fd);
     } catch (...) {
         noteInternalError();
     }
@@ -146,7 +128,7 @@ __attribute__((constructor)) void shimInit()
     // Before libfabric's verbs provider initializes (it does so on first use, after this): the
     // verbs memory registrations stay valid across the program's forks.
     setenv("RDMAV_FORK_SAFE", "1", 0);
-    resolveAllReal();
+    shim().real.resolveAll();
     initFdLimit();
     const char *stats = config::getString("RSTREAM_STATS");
     if (stats && strlen(stats) < sizeof(gStatsPath)) {
@@ -166,20 +148,22 @@ __attribute__((constructor)) void shimInit()
 
 } // namespace
 
-RS_EXPORT pid_t fork(void) noexcept
+pid_t Shim::fork()
 {
-    return real_fork()(); // the atfork handlers above do the work
+    return real.fork()(); // the atfork handlers above do the work
 }
 
 // A vfork child would run the shim's code on the parent's stack and in its memory: a real fork
 // instead, which is what vfork is allowed to be.
-RS_EXPORT pid_t vfork(void) noexcept
+pid_t Shim::vfork()
 {
-    return real_fork()();
+    return real.fork()();
 }
 
 // glibc's daemon forks through fork's atfork handlers; the child carries on as the daemon.
-RS_EXPORT int daemon(int nochdir, int noclose) noexcept
+int Shim::daemon(int nochdir, int noclose)
 {
-    return real_daemon()(nochdir, noclose);
+    return real.daemon()(nochdir, noclose);
 }
+
+} // namespace rstream::shim

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "configvars.h"
-#include "shim.h"
+#include "shim_object.h"
 
 namespace rstream::shim {
 
@@ -210,12 +210,12 @@ int moveHigh(int fd)
     if (fd < 0 || base == 0 || fd >= base)
         return fd;
     const int saved = errno;
-    int high = real_fcntl()(fd, F_DUPFD_CLOEXEC, base);
+    int high = shim().real.fcntl()(fd, F_DUPFD_CLOEXEC, base);
     if (high < 0) {
         errno = saved; // no room (the program lowered its limit): stay where we are
         return fd;
     }
-    real_close()(fd);
+    shim().real.close()(fd);
     errno = saved;
     return high;
 }

@@ -7,7 +7,7 @@
 #include <dlfcn.h>
 #include <sys/syscall.h>
 
-#include "shim.h"
+#include "shim_object.h"
 
 namespace rstream::shim {
 
@@ -26,64 +26,64 @@ void complain(const char *name)
 
 int realPpoll(pollfd *fds, nfds_t nfds, const timespec *timeout, const sigset_t *mask)
 {
-    return real_ppoll()(fds, nfds, timeout, mask);
+    return shim().real.ppoll()(fds, nfds, timeout, mask);
 }
 
 int realEpollWait(int epfd, epoll_event *events, int maxevents, int timeout)
 {
-    return real_epoll_wait()(epfd, events, maxevents, timeout);
+    return shim().real.epoll_wait()(epfd, events, maxevents, timeout);
 }
 
 int realEpollCtl(int epfd, int op, int fd, epoll_event *event)
 {
-    return real_epoll_ctl()(epfd, op, fd, event);
+    return shim().real.epoll_ctl()(epfd, op, fd, event);
 }
 
 // Thin trampolines: they resolve on first use, so the tables below are constant-initialized
 // and valid before any constructor has run.
 int kSocket(int d, int t, int p)
 {
-    return real_socket()(d, t, p);
+    return shim().real.socket()(d, t, p);
 }
 int kBind(int fd, const sockaddr *a, socklen_t l)
 {
-    return real_bind()(fd, a, l);
+    return shim().real.bind()(fd, a, l);
 }
 int kListen(int fd, int b)
 {
-    return real_listen()(fd, b);
+    return shim().real.listen()(fd, b);
 }
 int kAccept4(int fd, sockaddr *a, socklen_t *l, int f)
 {
-    return real_accept4()(fd, a, l, f);
+    return shim().real.accept4()(fd, a, l, f);
 }
 int kConnect(int fd, const sockaddr *a, socklen_t l)
 {
-    return real_connect()(fd, a, l);
+    return shim().real.connect()(fd, a, l);
 }
 int kClose(int fd)
 {
-    return real_close()(fd);
+    return shim().real.close()(fd);
 }
 int kShutdown(int fd, int how)
 {
-    return real_shutdown()(fd, how);
+    return shim().real.shutdown()(fd, how);
 }
 int kSetsockopt(int fd, int level, int name, const void *v, socklen_t l)
 {
-    return real_setsockopt()(fd, level, name, v, l);
+    return shim().real.setsockopt()(fd, level, name, v, l);
 }
 int kGetsockopt(int fd, int level, int name, void *v, socklen_t *l)
 {
-    return real_getsockopt()(fd, level, name, v, l);
+    return shim().real.getsockopt()(fd, level, name, v, l);
 }
 int kGetsockname(int fd, sockaddr *a, socklen_t *l)
 {
-    return real_getsockname()(fd, a, l);
+    return shim().real.getsockname()(fd, a, l);
 }
 int kGetpeername(int fd, sockaddr *a, socklen_t *l)
 {
-    return real_getpeername()(fd, a, l);
+    return shim().real.getpeername()(fd, a, l);
 }
 int kFcntl(int fd, int cmd, ...)
 {
@@ -93,31 +93,31 @@ int kFcntl(int fd, int cmd, ...)
     va_start(ap, cmd);
     void *arg = va_arg(ap, void *);
     va_end(ap);
-    return real_fcntl()(fd, cmd, arg);
+    return shim().real.fcntl()(fd, cmd, arg);
 }
 
 ssize_t kRead(int fd, void *b, size_t n)
 {
-    return real_read()(fd, b, n);
+    return shim().real.read()(fd, b, n);
 }
 ssize_t kWrite(int fd, const void *b, size_t n)
 {
-    return real_write()(fd, b, n);
+    return shim().real.write()(fd, b, n);
 }
 int kPoll(pollfd *fds, nfds_t n, int t)
 {
-    return real_poll()(fds, n, t);
+    return shim().real.poll()(fds, n, t);
 }
 // The layers below create eventfds and epoll sets only for themselves: like every internal fd,
 // they live above the program's range (moveHigh). Sockets made through the seam may be the
 // program's (an accepted fabric connection's fd), so they stay where the kernel puts them.
 int kEpollCreate1(int flags)
 {
-    return moveHigh(real_epoll_create1()(flags));
+    return moveHigh(shim().real.epoll_create1()(flags));
 }
 int kEventfd(unsigned int v, int flags)
 {
-    return moveHigh(real_eventfd()(v, flags));
+    return moveHigh(shim().real.eventfd()(v, flags));
 }
 
 // The kernel seam (src/base/kernel.h) as the layers below the shim see it: the functions the
@@ -160,9 +160,9 @@ void *resolveReal(std::atomic<void *> &slot, const char *name, const char *fallb
     return p;
 }
 
-void resolveAllReal()
+void RealFunctions::resolveAll()
 {
-#define RS_RESOLVE(name, fallback) (void)real_##name();
+#define RS_RESOLVE(name, fallback) (void)name();
     RS_REAL_LIST(RS_RESOLVE)
 #undef RS_RESOLVE
     sys::bind(&gRealCalls);

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Shared state of librstream_preload.so: real libc functions, fd tables, internal-call checks.
+// What librstream_preload.so builds on: the real-function table, internal calls, the C boundary.
 #pragma once
 
 #include <atomic>
@@ -53,18 +53,6 @@ namespace rstream::shim {
 // Looks name up with dlsym(RTLD_NEXT) (fallback: a second name, for fcntl64/sendfile64 on a
 // libc without them) and stores it in slot. Aborts with a message when libc lacks both.
 void *resolveReal(std::atomic<void *> &slot, const char *name, const char *fallback);
-
-// The lookups are lazy and lock-free: calls arrive before our constructor runs (from other
-// libraries' constructors), and two threads racing to resolve store the same pointer.
-#define RS_REAL_FN(name, fallback)                                                                 \
-    inline std::atomic<void *> gReal_##name{nullptr};                                              \
-    inline decltype(&::name) real_##name()                                                         \
-    {                                                                                              \
-        void *p = gReal_##name.load(std::memory_order_acquire);                                    \
-        if (__builtin_expect(p == nullptr, 0))                                                     \
-            p = resolveReal(gReal_##name, #name, fallback);                                        \
-        return reinterpret_cast<decltype(&::name)>(p);                                             \
-    }
 
 #define RS_REAL_LIST(X)                                                                            \
     X(socket, nullptr)                                                                             \
@@ -120,14 +108,35 @@ void *resolveReal(std::atomic<void *> &slot, const char *name, const char *fallb
     X(__poll_chk, nullptr)                                                                         \
     X(__ppoll_chk, nullptr)
 
-RS_REAL_LIST(RS_REAL_FN)
+// The real functions, one slot each (the table the Shim object owns). The lookups are lazy and
+// lock-free: calls arrive before our constructor runs (from other libraries' constructors), and
+// two threads racing to resolve store the same pointer. Constant-initialized: all null.
+class RealFunctions
+{
+public:
+#define RS_REAL_GET(name, fallback)                                                                \
+    decltype(&::name) name()                                                                       \
+    {                                                                                              \
+        void *p = name##_.load(std::memory_order_acquire);                                         \
+        if (__builtin_expect(p == nullptr, 0))                                                     \
+            p = resolveReal(name##_, #name, fallback);                                             \
+        return reinterpret_cast<decltype(&::name)>(p);                                             \
+    }
+    RS_REAL_LIST(RS_REAL_GET)
+#undef RS_REAL_GET
 
-// Resolves every real function now (from the constructor), so that later calls, maybe from a
-// signal handler, never run dlsym, and binds the kernel seam (kernel.h) to them: from then on
-// the layers below reach the kernel without passing through the interposers.
-void resolveAllReal();
+    // Resolves every real function now (from the constructor), so that later calls, maybe from
+    // a signal handler, never run dlsym, and binds the kernel seam (kernel.h) to them: from then
+    // on the layers below reach the kernel without passing through the interposers.
+    void resolveAll();
 
-// ---- Tables ---------------------------------------------------------------------------------
+private:
+#define RS_REAL_SLOT(name, fallback) std::atomic<void *> name##_{nullptr};
+    RS_REAL_LIST(RS_REAL_SLOT)
+#undef RS_REAL_SLOT
+};
+
+// ---- Sockets --------------------------------------------------------------------------------
 
 // An epoll instance of the program's, and whether an engine socket was ever added to it: until
 // then epoll_ctl and epoll_wait go straight to the kernel.
@@ -137,41 +146,14 @@ struct ShimEpoll : EpollSet
     std::atomic<bool> engine{false};
 };
 
-// Constant-initialized and trivially destructible: usable before any constructor and after
-// every destructor (sockets still open at exit are never torn down).
-extern constinit FdTable<HybridSocket> gSockets;
-extern constinit FdTable<ShimEpoll> gEpolls;
-// Connections the program accepted on kernel TCP (no HybridSocket: their calls go straight to
-// the kernel), for the statistics and the live export; dups share the record.
-extern constinit FdTable<ConnRecord> gKernelConns;
-// Highest fd ever installed in gSockets: the bound for walks over the table (stats, fork).
-extern std::atomic<int> gMaxFd;
-
-// False when fd is beyond what the table tracks (the socket then stays on the kernel).
-bool installSocket(int fd, std::shared_ptr<HybridSocket> s);
-// The program closes fd (close, or dup2/dup3 onto it): forget what we had there.
-void releaseFd(int fd);
-// A new fd number came from the kernel through a path we see: any entry left at that number
-// by a close we did not see (close_range, a raw syscall) is stale and goes.
-inline void forgetStale(int fd)
-{
-    if (__builtin_expect(gSockets.has(fd) || gEpolls.has(fd) || gKernelConns.has(fd), 0))
-        releaseFd(fd);
-}
-// fd was accepted on kernel TCP from listener (its fd listenFd): records it as a fallback,
-// kernel_peer when the listener has a fabric side (dual), else the listener's reason.
-void trackKernelAccept(int listenFd, int fd, bool dual);
-
 const ShimConfig &shimConfig();
 int spinUs();
-// The socket at fd when fd is ours, the caller (return address ra) is the program's and the
-// engine (not the kernel) may answer for it. Only fds in the table pay for the caller check.
-std::shared_ptr<HybridSocket> engineSocket(int fd, const void *ra);
 // Whether a mode carries data through the engine (else the kernel fd answers).
 inline bool dataMode(HybridSocket::Mode m)
 {
     return m == HybridSocket::Mode::Fabric || m == HybridSocket::Mode::Inherited;
 }
+// The pollable behind fd for the poller (SocketResolver): the shim's table, through shim().
 std::shared_ptr<Pollable> resolvePollable(int fd);
 
 // ---- Internal calls -------------------------------------------------------------------------
@@ -202,9 +184,6 @@ inline bool internalCall(const void *ra)
 // internal.cpp for how RLIMIT_NOFILE is handled); returns the fd to use.
 int moveHigh(int fd);
 void initFdLimit();
-
-// Set in a fork child whose parent had used the engine: its new sockets stay on kernel TCP.
-extern std::atomic<bool> gChildKernelOnly;
 
 // ---- The C boundary -------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Interposers for the data path: send, recv, read, write and their vector and fortified forms.
+// The Shim object's data path: send, recv, read, write and their vector forms, sendfile.
 
 #include <algorithm>
 #include <climits>
@@ -7,22 +7,11 @@
 #include <memory>
 
 #include "clock.h"
-#include "shim.h"
+#include "shim_object.h"
 
-using namespace rstream;
-using namespace rstream::shim;
+namespace rstream::shim {
 
 namespace {
-
-// The socket when the engine carries fd's data; null when the kernel fd answers (not ours, or
-// a socket whose path is the kernel's or not decided yet).
-std::shared_ptr<HybridSocket> dataSocket(int fd, const void *ra)
-{
-    auto s = engineSocket(fd, ra);
-    if (s && !dataMode(s->mode()))
-        return nullptr;
-    return s;
-}
 
 ssize_t doRecv(HybridSocket &s, const iovec *iov, size_t iovcnt, int flags)
 {
@@ -102,7 +91,8 @@ ssize_t sendFile(HybridSocket &s, int inFd, Off *offset, size_t count)
     ssize_t error = 0;
     while (static_cast<size_t>(total) < count) {
         const size_t want = std::min(count - total, kChunk);
-        ssize_t n = offset ? pread(inFd, buf.get(), want, pos) : real_read()(inFd, buf.get(), want);
+        ssize_t n =
+            offset ? pread(inFd, buf.get(), want, pos) : shim().real.read()(inFd, buf.get(), want);
         if (n < 0) {
             error = -errno;
             break;
@@ -132,70 +122,42 @@ ssize_t sendFile(HybridSocket &s, int inFd, Off *offset, size_t count)
 
 // ---- recv -------------------------------------------------------------------------------------
 
-namespace {
+// The engine's side of the calls shim_object.h defines inline: their kernel path stays there.
 
-ssize_t recvAt(const void *ra, int fd, void *buf, size_t len, int flags)
+ssize_t Shim::recvEngine(HybridSocket &s, void *buf, size_t len, int flags)
 {
-    auto s = dataSocket(fd, ra);
-    if (!s)
-        return real_recv()(fd, buf, len, flags);
     return boundary([&] {
         iovec iov{buf, len};
-        return doRecv(*s, &iov, 1, flags);
+        return doRecv(s, &iov, 1, flags);
     });
 }
 
-ssize_t recvfromAt(const void *ra, int fd, void *buf, size_t len, int flags, sockaddr *from,
-                   socklen_t *fromlen)
+ssize_t Shim::recvfromEngine(HybridSocket &s, void *buf, size_t len, int flags, sockaddr *from,
+                             socklen_t *fromlen)
 {
-    auto s = dataSocket(fd, ra);
-    if (!s)
-        return real_recvfrom()(fd, buf, len, flags, from, fromlen);
-    return boundary([&] { return recvFrom(*s, buf, len, flags, from, fromlen); });
+    return boundary([&] { return recvFrom(s, buf, len, flags, from, fromlen); });
 }
 
-ssize_t readAt(const void *ra, int fd, void *buf, size_t len)
+ssize_t Shim::recvmsgEngine(HybridSocket &s, msghdr *msg, int flags)
 {
-    auto s = dataSocket(fd, ra);
-    if (!s)
-        return real_read()(fd, buf, len);
-    return boundary([&] {
-        iovec iov{buf, len};
-        return doRecv(*s, &iov, 1, 0);
+    return boundary([&] { return recvMsg(s, msg, flags); });
+}
+
+ssize_t Shim::readvEngine(HybridSocket &s, const iovec *iov, int iovcnt)
+{
+    return boundary([&]() -> ssize_t {
+        if (iovcnt < 0)
+            return -EINVAL;
+        return doRecv(s, iov, static_cast<size_t>(iovcnt), 0);
     });
 }
 
-} // namespace
-
-RS_EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags)
+int Shim::recvmmsg(const void *ra, int fd, mmsghdr *vec, unsigned int vlen, int flags,
+                   timespec *timeout)
 {
-    return recvAt(RS_CALLER(), fd, buf, len, flags);
-}
-
-RS_EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, sockaddr *from,
-                           socklen_t *fromlen)
-{
-    return recvfromAt(RS_CALLER(), fd, buf, len, flags, from, fromlen);
-}
-
-RS_EXPORT ssize_t read(int fd, void *buf, size_t len)
-{
-    return readAt(RS_CALLER(), fd, buf, len);
-}
-
-RS_EXPORT ssize_t recvmsg(int fd, msghdr *msg, int flags)
-{
-    auto s = dataSocket(fd, RS_CALLER());
+    auto s = dataSocket(fd, ra);
     if (!s)
-        return real_recvmsg()(fd, msg, flags);
-    return boundary([&] { return recvMsg(*s, msg, flags); });
-}
-
-RS_EXPORT int recvmmsg(int fd, mmsghdr *vec, unsigned int vlen, int flags, timespec *timeout)
-{
-    auto s = dataSocket(fd, RS_CALLER());
-    if (!s)
-        return real_recvmmsg()(fd, vec, vlen, flags, timeout);
+        return real.recvmmsg()(fd, vec, vlen, flags, timeout);
     return boundary([&]() -> int {
         if (!vec)
             return -EFAULT;
@@ -232,56 +194,35 @@ RS_EXPORT int recvmmsg(int fd, mmsghdr *vec, unsigned int vlen, int flags, times
     });
 }
 
-RS_EXPORT ssize_t readv(int fd, const iovec *iov, int iovcnt)
+// ---- send -------------------------------------------------------------------------------------
+
+ssize_t Shim::sendEngine(HybridSocket &s, const void *buf, size_t len, int flags)
 {
-    auto s = dataSocket(fd, RS_CALLER());
-    if (!s)
-        return real_readv()(fd, iov, iovcnt);
+    return boundary([&] {
+        iovec iov{const_cast<void *>(buf), len};
+        return doSend(s, &iov, 1, flags);
+    });
+}
+
+ssize_t Shim::sendmsgEngine(HybridSocket &s, const msghdr *msg, int flags)
+{
+    return boundary([&] { return sendMsg(s, msg, flags); });
+}
+
+ssize_t Shim::writevEngine(HybridSocket &s, const iovec *iov, int iovcnt)
+{
     return boundary([&]() -> ssize_t {
         if (iovcnt < 0)
             return -EINVAL;
-        return doRecv(*s, iov, static_cast<size_t>(iovcnt), 0);
+        return doSend(s, iov, static_cast<size_t>(iovcnt), 0);
     });
 }
 
-// ---- send -------------------------------------------------------------------------------------
-
-RS_EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags)
+int Shim::sendmmsg(const void *ra, int fd, mmsghdr *vec, unsigned int vlen, int flags)
 {
-    auto s = dataSocket(fd, RS_CALLER());
+    auto s = dataSocket(fd, ra);
     if (!s)
-        return real_send()(fd, buf, len, flags);
-    return boundary([&] {
-        iovec iov{const_cast<void *>(buf), len};
-        return doSend(*s, &iov, 1, flags);
-    });
-}
-
-RS_EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags, const sockaddr *to,
-                         socklen_t tolen)
-{
-    auto s = dataSocket(fd, RS_CALLER());
-    if (!s)
-        return real_sendto()(fd, buf, len, flags, to, tolen);
-    return boundary([&] {
-        iovec iov{const_cast<void *>(buf), len};
-        return doSend(*s, &iov, 1, flags); // the address is ignored, as on connected TCP
-    });
-}
-
-RS_EXPORT ssize_t sendmsg(int fd, const msghdr *msg, int flags)
-{
-    auto s = dataSocket(fd, RS_CALLER());
-    if (!s)
-        return real_sendmsg()(fd, msg, flags);
-    return boundary([&] { return sendMsg(*s, msg, flags); });
-}
-
-RS_EXPORT int sendmmsg(int fd, mmsghdr *vec, unsigned int vlen, int flags)
-{
-    auto s = dataSocket(fd, RS_CALLER());
-    if (!s)
-        return real_sendmmsg()(fd, vec, vlen, flags);
+        return real.sendmmsg()(fd, vec, vlen, flags);
     return boundary([&]() -> int {
         if (!vec)
             return -EFAULT;
@@ -298,74 +239,26 @@ RS_EXPORT int sendmmsg(int fd, mmsghdr *vec, unsigned int vlen, int flags)
     });
 }
 
-RS_EXPORT ssize_t write(int fd, const void *buf, size_t len)
+ssize_t Shim::sendfile(const void *ra, int outFd, int inFd, off_t *offset, size_t count)
 {
-    auto s = dataSocket(fd, RS_CALLER());
+    auto s = dataSocket(outFd, ra);
     if (!s)
-        return real_write()(fd, buf, len);
-    return boundary([&] {
-        iovec iov{const_cast<void *>(buf), len};
-        return doSend(*s, &iov, 1, 0);
-    });
-}
-
-RS_EXPORT ssize_t writev(int fd, const iovec *iov, int iovcnt)
-{
-    auto s = dataSocket(fd, RS_CALLER());
-    if (!s)
-        return real_writev()(fd, iov, iovcnt);
-    return boundary([&]() -> ssize_t {
-        if (iovcnt < 0)
-            return -EINVAL;
-        return doSend(*s, iov, static_cast<size_t>(iovcnt), 0);
-    });
-}
-
-RS_EXPORT ssize_t sendfile(int outFd, int inFd, off_t *offset, size_t count) noexcept
-{
-    auto s = dataSocket(outFd, RS_CALLER());
-    if (!s)
-        return real_sendfile()(outFd, inFd, offset, count);
+        return real.sendfile()(outFd, inFd, offset, count);
     return boundary([&] {
         NoCancel nc; // glibc declares sendfile noexcept
         return sendFile(*s, inFd, offset, count);
     });
 }
 
-RS_EXPORT ssize_t sendfile64(int outFd, int inFd, off64_t *offset, size_t count) noexcept
+ssize_t Shim::sendfile64(const void *ra, int outFd, int inFd, off64_t *offset, size_t count)
 {
-    auto s = dataSocket(outFd, RS_CALLER());
+    auto s = dataSocket(outFd, ra);
     if (!s)
-        return real_sendfile64()(outFd, inFd, offset, count);
+        return real.sendfile64()(outFd, inFd, offset, count);
     return boundary([&] {
         NoCancel nc;
         return sendFile(*s, inFd, offset, count);
     });
 }
 
-// ---- Fortified variants -----------------------------------------------------------------------
-
-// glibc's contract for these: abort through __chk_fail when the length exceeds the buffer the
-// compiler saw; otherwise they are the plain calls.
-
-RS_EXPORT ssize_t __read_chk(int fd, void *buf, size_t nbytes, size_t buflen)
-{
-    if (nbytes > buflen)
-        __chk_fail();
-    return readAt(RS_CALLER(), fd, buf, nbytes);
-}
-
-RS_EXPORT ssize_t __recv_chk(int fd, void *buf, size_t len, size_t buflen, int flags)
-{
-    if (len > buflen)
-        __chk_fail();
-    return recvAt(RS_CALLER(), fd, buf, len, flags);
-}
-
-RS_EXPORT ssize_t __recvfrom_chk(int fd, void *buf, size_t len, size_t buflen, int flags,
-                                 sockaddr *from, socklen_t *fromlen)
-{
-    if (len > buflen)
-        __chk_fail();
-    return recvfromAt(RS_CALLER(), fd, buf, len, flags, from, fromlen);
-}
+} // namespace rstream::shim
