@@ -132,12 +132,13 @@ int Listener::backgroundAccept(int64_t *deadlineNs)
 
 void Listener::setBackgroundAccept(bool on)
 {
+    // No call into the progress thread: this runs in fork's parent handler, while the thread's
+    // own handlers may hold its locks. The thread already polls this listener's wait fd and
+    // reads the new setting with the next request.
     std::lock_guard<std::mutex> lock(mutex_);
     if (!on && background_.load(std::memory_order_relaxed))
         sharedSinceNs_ = nowNs();
     background_.store(on, std::memory_order_relaxed);
-    // Wake the progress thread: it now reads this listener's requests only to hold them.
-    ProgressThread::instance().watchListener(this);
 }
 
 int64_t Listener::holdLocked(int64_t now)
@@ -200,8 +201,7 @@ int Listener::readRequestLocked(fi_info **info, wire::Hello *peer)
     }
 }
 
-int Listener::answerLocked(fi_info *info, const wire::Hello &peer,
-                           std::unique_ptr<Connection> *out)
+int Listener::answerLocked(fi_info *info, const wire::Hello &peer, std::unique_ptr<Connection> *out)
 {
     auto conn = std::make_unique<Connection>(settings_);
     bool rejectable;

@@ -101,7 +101,7 @@ private:
     std::atomic<bool> background_{true};
     std::deque<std::unique_ptr<Connection>> ready_; // handshakes answered, not yet accepted
     std::deque<Held> held_;
-    int64_t appLookNs_ = 0;    // when the application last looked at the listener
+    int64_t appLookNs_ = 0;     // when the application last looked at the listener
     int64_t sharedSinceNs_ = 0; // when background accept went off
     bool refusedLogged_ = false;
 };
