@@ -58,7 +58,7 @@ Connection::~Connection()
     waitSet_.reset();
     if (info_)
         fi_freeinfo(info_);
-    delete[] txOps_;
+    txOps_.reset();
     delete[] rxSlots_;
     if (mem_)
         munmap(mem_, memSize_);
@@ -218,9 +218,9 @@ std::string Connection::debugState()
                   static_cast<int>(state_), error_, (unsigned long long)rx_.written,
                   (unsigned long long)rx_.consumed, (unsigned long long)tx_.tail,
                   (unsigned long long)tx_.posted, (unsigned long long)tx_.done,
-                  (unsigned long long)txHead_, (unsigned long long)txNext_,
-                  (unsigned long long)writesInFlight_, int(injectPending_), int(watched_),
-                  sleepers_.size(), int(peerShutWr_), int(closing_), int(closed_),
+                  (unsigned long long)txOps_.head(), (unsigned long long)txOps_.next(),
+                  (unsigned long long)txOps_.writesInFlight(), int(txOps_.injectPending()),
+                  int(watched_), sleepers_.size(), int(peerShutWr_), int(closing_), int(closed_),
                   (unsigned long long)tx_.size, (unsigned long long)rx_.size,
                   (unsigned long long)rxOld_.readable(), (unsigned long long)peer_.ringSize(),
                   int(growSent_), (unsigned long long)switchTo_);

@@ -24,6 +24,7 @@
 #include "progress.h"
 #include "ring.h"
 #include "settings.h"
+#include "tx_ring.h"
 #include "window_table.h"
 #include "wire.h"
 
@@ -221,14 +222,6 @@ private:
         Closed
     };
 
-    struct TxOp
-    {
-        fi_context2 ctx;
-        uint64_t len; // ring bytes released on completion
-        uint64_t seq; // position in the queue (txNext_ when posted)
-        bool done;
-        bool record; // an IOMAP send: frees a record buffer when released
-    };
     struct RxSlot
     {
         fi_context2 ctx;
@@ -380,19 +373,10 @@ private:
     uint64_t recordsPosted_ = 0;
     uint64_t recordsDone_ = 0;
 
-    TxOp *txOps_ = nullptr; // txCap_ entries, used in order
-    uint32_t txCap_ = 0;
-    uint64_t txHead_ = 0; // oldest op not yet released
-    uint64_t txNext_ = 0; // next op to use
+    TxOpRing txOps_;
     RxSlot *rxSlots_ = nullptr;
     uint32_t rxCount_ = 0;
-    uint64_t writesInFlight_ = 0;
-    // Small writes go out as injects, which complete at once and report nothing. The provider
-    // may still hold them (tcp, when the socket is full) until progress is made, so they count
-    // as pending until a later op with a completion completes: ops leave in order.
     size_t injectSize_ = 0; // largest write the provider injects
-    bool injectPending_ = false;
-    uint64_t injectSeq_ = 0; // seq of the last inject
 
     sockaddr_storage localAddr_{};
     socklen_t localLen_ = 0;

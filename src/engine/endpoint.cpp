@@ -20,8 +20,8 @@ int Connection::setup(const fi_info *info)
     const ProviderCaps &caps = domain_->caps();
     iwarp_ = settings_.iwarp || caps.iwarp;
     injectSize_ = info->tx_attr->inject_size;
-    txCap_ = std::max<uint32_t>(Settings::kMinQueue,
-                                std::min<uint32_t>(settings_.txSize, info->tx_attr->size));
+    const uint32_t txCap = std::max<uint32_t>(
+        Settings::kMinQueue, std::min<uint32_t>(settings_.txSize, info->tx_attr->size));
     rxCount_ = std::max<uint32_t>(
         4, std::min<uint32_t>(
                {settings_.rxSize, static_cast<uint32_t>(info->rx_attr->size), wire::kMaxSlots}));
@@ -45,7 +45,7 @@ int Connection::setup(const fi_info *info)
         slotOff = alignUp(recvOff + recvReserve_, 4096);
         recordOff = alignUp(slotOff + rxCount_ * slotStride_, 64);
         ctrlOff = alignUp(recordOff + kRecordBufs * kRecordSlotBytes, 64);
-        memSize_ = alignUp(ctrlOff + txCap_ * sizeof(uint32_t), 4096);
+        memSize_ = alignUp(ctrlOff + txCap * sizeof(uint32_t), 4096);
         mem = mmap(nullptr, memSize_, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (mem != MAP_FAILED || (!growSend_ && !growRecv_))
@@ -64,9 +64,9 @@ int Connection::setup(const fi_info *info)
     slotBufs_ = mem_ + slotOff;
     recordBufs_ = mem_ + recordOff;
     ctrlWords_ = reinterpret_cast<uint32_t *>(mem_ + ctrlOff);
-    txOps_ = new (std::nothrow) TxOp[txCap_]();
+    ret = txOps_.init(txCap);
     rxSlots_ = new (std::nothrow) RxSlot[rxCount_]();
-    if (!txOps_ || !rxSlots_)
+    if (ret < 0 || !rxSlots_)
         return -ENOMEM;
 
     fi_wait_attr wattr{};
@@ -88,7 +88,7 @@ int Connection::setup(const fi_info *info)
     cattr.format = FI_CQ_FORMAT_DATA;
     cattr.wait_obj = FI_WAIT_SET;
     cattr.wait_set = waitSet_;
-    cattr.size = txCap_ + rxCount_ + 16;
+    cattr.size = txOps_.cap() + rxCount_ + 16;
     ret = fi_cq_open(domain_->domain(), &cattr, cq_.out(), this);
     if (ret)
         return fiErr(ret);
@@ -96,7 +96,7 @@ int Connection::setup(const fi_info *info)
     fi_info *epInfo = fi_dupinfo(info);
     if (!epInfo)
         return -ENOMEM;
-    epInfo->tx_attr->size = txCap_;
+    epInfo->tx_attr->size = txOps_.cap();
     epInfo->rx_attr->size = rxCount_;
     ret = fi_endpoint(domain_->domain(), epInfo, ep_.out(), this);
     fi_freeinfo(epInfo);

@@ -98,40 +98,27 @@ ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs
 void Connection::onTxCompleteLocked(TxOp *op)
 {
     txEvents_.fetch_add(1, std::memory_order_relaxed);
-    op->done = true;
+    TxOpRing::complete(op);
     changed_ = true;
-    while (txHead_ < txNext_) {
-        TxOp &head = txOps_[txHead_ % txCap_];
-        if (!head.done)
-            break;
-        if (!RS_CHECK(head.len <= tx_.posted - tx_.done)) {
+    while (TxOp *head = txOps_.doneHead()) {
+        if (!RS_CHECK(head->len <= tx_.posted - tx_.done)) {
             failLocked(-ECONNRESET, "internal error");
             return;
         }
-        tx_.done += head.len;
-        if (head.len)
-            writesInFlight_--;
-        if (head.record) {
+        if (head->record)
             recordsDone_++; // ops leave in order, and so do the record buffers
-            head.record = false;
-        }
-        head.done = false;
-        head.len = 0;
-        txHead_++;
+        tx_.done += txOps_.release();
     }
 }
 
 int Connection::sendWordLocked(uint32_t word)
 {
-    if (!peer_.canSendCtrl() || txNext_ - txHead_ >= txCap_)
+    if (!peer_.canSendCtrl() || !txOps_.hasRoom(1))
         return -EAGAIN;
-    TxOp &op = txOps_[txNext_ % txCap_];
-    op.len = 0;
-    op.seq = txNext_;
-    op.done = false;
+    TxOp &op = txOps_.prepare(0);
     ssize_t ret;
     if (iwarp_) {
-        uint32_t &src = ctrlWords_[txNext_ % txCap_];
+        uint32_t &src = ctrlWords_[txOps_.nextIndex()];
         src = word;
         ret = fi_send(ep_, &src, sizeof(src), localDesc_, 0, &op.ctx);
     } else {
@@ -143,7 +130,7 @@ int Connection::sendWordLocked(uint32_t word)
         failLocked(-ECONNRESET, "send failed");
         return -ECONNRESET;
     }
-    txNext_++;
+    txOps_.commit();
     peer_.onCtrlSent();
     return 0;
 }
@@ -184,8 +171,7 @@ void Connection::flushLocked(bool force, bool uncork)
     if (corked && corkSinceNs_ && nowNs() - corkSinceNs_ >= kCorkMaxNs)
         corked = false;
     corkHeld_ = false;
-    while (tx_.unsent() > 0 && peer_.canSendData() &&
-           txNext_ - txHead_ + opsPerChunk + kTxReserve <= txCap_) {
+    while (tx_.unsent() > 0 && peer_.canSendData() && txOps_.hasRoom(opsPerChunk + kTxReserve)) {
         if (corked && tx_.unsent() < maxChunk) {
             corkHeld_ = true;
             if (!corkSinceNs_) {
@@ -194,7 +180,7 @@ void Connection::flushLocked(bool force, bool uncork)
             }
             break;
         }
-        if (!force && writesInFlight_ > 0 && tx_.unsent() < coalesceBelow)
+        if (!force && txOps_.writesInFlight() > 0 && tx_.unsent() < coalesceBelow)
             break;
         uint64_t len = std::min({tx_.unsent(), tx_.toEnd(tx_.posted),
                                  peer_.ringSize() - peer_.written() % peer_.ringSize(),
@@ -207,10 +193,7 @@ void Connection::flushLocked(bool force, bool uncork)
             return;
         }
         const uint32_t word = *encoded;
-        TxOp &op = txOps_[txNext_ % txCap_];
-        op.len = len;
-        op.seq = txNext_;
-        op.done = false;
+        TxOp &op = txOps_.prepare(len);
         ssize_t ret;
         // A write the provider can inject needs no completion: its ring space is free again
         // at once, and nothing wakes either side for it.
@@ -218,12 +201,9 @@ void Connection::flushLocked(bool force, bool uncork)
         if (iwarp_) {
             ret = fi_write(ep_, sendBase_ + srcOff, len, localDesc_, 0, dst, peerKey_, &op.ctx);
             if (ret == 0) {
-                txNext_++;
-                TxOp &note = txOps_[txNext_ % txCap_];
-                note.len = 0;
-                note.seq = txNext_;
-                note.done = false;
-                uint32_t &src = ctrlWords_[txNext_ % txCap_];
+                txOps_.commit();
+                TxOp &note = txOps_.prepare(0);
+                uint32_t &src = ctrlWords_[txOps_.nextIndex()];
                 src = word;
                 // The write is ordered before this send: its completion at the peer means the
                 // data is in place.
@@ -233,17 +213,17 @@ void Connection::flushLocked(bool force, bool uncork)
                         processCqLocked();
                 } while (ret == -FI_EAGAIN && !error_);
                 if (ret == 0)
-                    txNext_++;
+                    txOps_.commit();
             }
         } else if (inject) {
             ret = fi_inject_writedata(ep_, sendBase_ + srcOff, len, word, 0, dst, peerKey_);
             if (ret == 0)
-                txNext_++;
+                txOps_.commit();
         } else {
             ret = fi_writedata(ep_, sendBase_ + srcOff, len, localDesc_, word, 0, dst, peerKey_,
                                &op.ctx);
             if (ret == 0)
-                txNext_++;
+                txOps_.commit();
         }
         if (ret == -FI_EAGAIN)
             break;
@@ -253,11 +233,10 @@ void Connection::flushLocked(bool force, bool uncork)
         }
         tx_.posted += len;
         peer_.onDataSent(len);
-        writesInFlight_++;
+        txOps_.countWrite();
         bytesSent_.fetch_add(len, std::memory_order_relaxed);
         if (inject) {
-            injectPending_ = true;
-            injectSeq_ = op.seq;
+            txOps_.onInject(op);
             onTxCompleteLocked(&op);
         }
     }
