@@ -178,8 +178,8 @@ Connection::Info Connection::info()
     i.bytesReceived = bytesReceived_.load(std::memory_order_relaxed);
     i.sendBuf = static_cast<uint32_t>(tx_.size);
     i.recvBuf = static_cast<uint32_t>(rx_.size);
-    i.sendGrowths = sendGrowths_;
-    i.recvGrowths = recvGrowths_;
+    i.sendGrowths = growth_.sendGrowths();
+    i.recvGrowths = growth_.recvGrowths();
     i.unackedBytes = static_cast<uint32_t>(tx_.unsent() + tx_.inFlight());
     i.probes = ka_.unanswered();
     i.probesSent = ka_.sent();
@@ -223,7 +223,7 @@ std::string Connection::debugState()
                   int(watched_), sleepers_.size(), int(peerShutWr_), int(closing_), int(closed_),
                   (unsigned long long)tx_.size, (unsigned long long)rx_.size,
                   (unsigned long long)rxOld_.readable(), (unsigned long long)peer_.ringSize(),
-                  int(growSent_), (unsigned long long)switchTo_);
+                  int(growth_.growSent()), (unsigned long long)growth_.switchTo());
     return buf;
 }
 

@@ -23,6 +23,7 @@
 #include "keepalive.h"
 #include "progress.h"
 #include "ring.h"
+#include "ring_growth.h"
 #include "settings.h"
 #include "tx_ring.h"
 #include "window_table.h"
@@ -351,16 +352,7 @@ private:
     // 0: none), a GROW awaiting its SWITCH. Sender: the peer's GROW awaiting our SWITCH.
     RecvRing rxOld_;
     uint8_t *rxOldBase_ = nullptr;
-    bool growRecv_ = false; // this end may grow its receive ring (and the peer follows GROW)
-    bool growSend_ = false;
-    bool growSent_ = false;
-    uint64_t growSize_ = 0;
-    uint64_t consumedSinceGrow_ = 0; // bytes read since growWindowNs_
-    int64_t growWindowNs_ = 0;
-    uint64_t switchTo_ = 0;
-    bool sendGrowWanted_ = false;
-    uint32_t recvGrowths_ = 0;
-    uint32_t sendGrowths_ = 0;
+    RingGrowth growth_;
     PeerCredits peer_;
     LocalCredits local_;
     uint64_t peerRingAddr_ = 0;

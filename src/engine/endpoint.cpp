@@ -33,14 +33,14 @@ int Connection::setup(const fi_info *info)
     // Rings grow in place, in areas reserved up front; a provider that pins what is registered
     // (FI_MR_ALLOCATED, verbs) would pin the whole reservation, so there they keep their size.
     const bool canReserve = !caps.mrAllocated;
-    growSend_ = canReserve && settings_.sendBufMax > tx_.size;
-    growRecv_ = canReserve && settings_.recvBufMax > rx_.size;
+    bool growSend = canReserve && settings_.sendBufMax > tx_.size;
+    bool growRecv = canReserve && settings_.recvBufMax > rx_.size;
     size_t sendOff = 0, recvOff = 0, slotOff = 0, recordOff = 0, ctrlOff = 0;
     void *mem = MAP_FAILED;
     for (;;) {
-        sendReserve_ = growSend_ ? std::max(settings_.sendBufMax, tx_.size) : tx_.size;
+        sendReserve_ = growSend ? std::max(settings_.sendBufMax, tx_.size) : tx_.size;
         // Each new receive ring follows the previous one, and each is at least twice as big.
-        recvReserve_ = growRecv_ ? rx_.size + 2 * settings_.recvBufMax : rx_.size;
+        recvReserve_ = growRecv ? rx_.size + 2 * settings_.recvBufMax : rx_.size;
         recvOff = alignUp(sendOff + sendReserve_, 4096);
         slotOff = alignUp(recvOff + recvReserve_, 4096);
         recordOff = alignUp(slotOff + rxCount_ * slotStride_, 64);
@@ -48,12 +48,13 @@ int Connection::setup(const fi_info *info)
         memSize_ = alignUp(ctrlOff + txCap * sizeof(uint32_t), 4096);
         mem = mmap(nullptr, memSize_, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (mem != MAP_FAILED || (!growSend_ && !growRecv_))
+        if (mem != MAP_FAILED || (!growSend && !growRecv))
             break;
         // Under strict overcommit the reservation counts in full: keep the sizes instead.
         RS_LOG(Info, "cannot reserve %zu bytes for growing rings: fixed sizes", memSize_);
-        growSend_ = growRecv_ = false;
+        growSend = growRecv = false;
     }
+    growth_.enable(growRecv, growSend);
     if (mem == MAP_FAILED) {
         memSize_ = 0;
         return -ENOMEM;

@@ -307,8 +307,7 @@ void Connection::consumeLocked(uint64_t n)
     uint64_t cur = std::min(n - old, rx_.readable());
     rx_.consumed += cur;
     local_.onConsumed(cur);
-    consumedSinceGrow_ += old + cur;
-    if (growRecv_ && consumedSinceGrow_ >= kGrowRings * rx_.size)
+    if (growth_.onConsumed(old + cur, rx_.size))
         maybeGrowRecvLocked();
 }
 

@@ -59,10 +59,9 @@ ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs
                 return 0;
             // The ring holds the application back while the peer's ring has more room: it
             // grows once its writes completed (blocking senders wait for that).
-            if (uint64_t(space) < total - sent && growSend_ && tx_.size < sendReserve_ &&
-                peer_.ringSize() > tx_.size)
-                sendGrowWanted_ = true;
-            drain = sendGrowWanted_ && !(flags & kNonBlock);
+            drain = growth_.onSendSpace(uint64_t(space), total - sent, tx_.size, sendReserve_,
+                                        peer_.ringSize()) &&
+                    !(flags & kNonBlock);
             n = drain ? 0 : std::min<uint64_t>(static_cast<uint64_t>(space), total - sent);
             pos = tx_.tail;
             base = sendBase_;
@@ -148,14 +147,14 @@ void Connection::flushLocked(bool force, bool uncork)
 {
     if (state_ != State::Connected || error_ || closed_)
         return;
-    if (switchTo_) {
+    if (const uint64_t switchTo = growth_.switchTo()) {
         // The peer's GROW: SWITCH goes between our last write into its old ring and the first
         // into the new one, which follows the old one in its registration.
         if (sendWordLocked(wire::encodeCtrl(wire::Ctrl::Switch)) < 0)
             return;
         peerRingAddr_ += peer_.ringSize();
-        peer_.switchRing(switchTo_);
-        switchTo_ = 0;
+        peer_.switchRing(switchTo);
+        growth_.onSwitchSent();
     }
     if (!flushRecordsLocked())
         return;
