@@ -58,7 +58,7 @@ Connection::~Connection()
     waitSet_.reset();
     if (info_)
         fi_freeinfo(info_);
-    delete[] txOps_;
+    txOps_.reset();
     delete[] rxSlots_;
     if (mem_)
         munmap(mem_, memSize_);
@@ -178,8 +178,8 @@ Connection::Info Connection::info()
     i.bytesReceived = bytesReceived_.load(std::memory_order_relaxed);
     i.sendBuf = static_cast<uint32_t>(tx_.size);
     i.recvBuf = static_cast<uint32_t>(rx_.size);
-    i.sendGrowths = sendGrowths_;
-    i.recvGrowths = recvGrowths_;
+    i.sendGrowths = growth_.sendGrowths();
+    i.recvGrowths = growth_.recvGrowths();
     i.unackedBytes = static_cast<uint32_t>(tx_.unsent() + tx_.inFlight());
     i.probes = ka_.unanswered();
     i.probesSent = ka_.sent();
@@ -218,12 +218,12 @@ std::string Connection::debugState()
                   static_cast<int>(state_), error_, (unsigned long long)rx_.written,
                   (unsigned long long)rx_.consumed, (unsigned long long)tx_.tail,
                   (unsigned long long)tx_.posted, (unsigned long long)tx_.done,
-                  (unsigned long long)txHead_, (unsigned long long)txNext_,
-                  (unsigned long long)writesInFlight_, int(injectPending_), int(watched_),
-                  sleepers_.size(), int(peerShutWr_), int(closing_), int(closed_),
+                  (unsigned long long)txOps_.head(), (unsigned long long)txOps_.next(),
+                  (unsigned long long)txOps_.writesInFlight(), int(txOps_.injectPending()),
+                  int(watched_), sleepers_.size(), int(peerShutWr_), int(closing_), int(closed_),
                   (unsigned long long)tx_.size, (unsigned long long)rx_.size,
                   (unsigned long long)rxOld_.readable(), (unsigned long long)peer_.ringSize(),
-                  int(growSent_), (unsigned long long)switchTo_);
+                  int(growth_.growSent()), (unsigned long long)growth_.switchTo());
     return buf;
 }
 

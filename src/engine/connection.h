@@ -23,7 +23,9 @@
 #include "keepalive.h"
 #include "progress.h"
 #include "ring.h"
+#include "ring_growth.h"
 #include "settings.h"
+#include "tx_ring.h"
 #include "window_table.h"
 #include "wire.h"
 
@@ -221,14 +223,6 @@ private:
         Closed
     };
 
-    struct TxOp
-    {
-        fi_context2 ctx;
-        uint64_t len; // ring bytes released on completion
-        uint64_t seq; // position in the queue (txNext_ when posted)
-        bool done;
-        bool record; // an IOMAP send: frees a record buffer when released
-    };
     struct RxSlot
     {
         fi_context2 ctx;
@@ -358,16 +352,7 @@ private:
     // 0: none), a GROW awaiting its SWITCH. Sender: the peer's GROW awaiting our SWITCH.
     RecvRing rxOld_;
     uint8_t *rxOldBase_ = nullptr;
-    bool growRecv_ = false; // this end may grow its receive ring (and the peer follows GROW)
-    bool growSend_ = false;
-    bool growSent_ = false;
-    uint64_t growSize_ = 0;
-    uint64_t consumedSinceGrow_ = 0; // bytes read since growWindowNs_
-    int64_t growWindowNs_ = 0;
-    uint64_t switchTo_ = 0;
-    bool sendGrowWanted_ = false;
-    uint32_t recvGrowths_ = 0;
-    uint32_t sendGrowths_ = 0;
+    RingGrowth growth_;
     PeerCredits peer_;
     LocalCredits local_;
     uint64_t peerRingAddr_ = 0;
@@ -380,19 +365,10 @@ private:
     uint64_t recordsPosted_ = 0;
     uint64_t recordsDone_ = 0;
 
-    TxOp *txOps_ = nullptr; // txCap_ entries, used in order
-    uint32_t txCap_ = 0;
-    uint64_t txHead_ = 0; // oldest op not yet released
-    uint64_t txNext_ = 0; // next op to use
+    TxOpRing txOps_;
     RxSlot *rxSlots_ = nullptr;
     uint32_t rxCount_ = 0;
-    uint64_t writesInFlight_ = 0;
-    // Small writes go out as injects, which complete at once and report nothing. The provider
-    // may still hold them (tcp, when the socket is full) until progress is made, so they count
-    // as pending until a later op with a completion completes: ops leave in order.
     size_t injectSize_ = 0; // largest write the provider injects
-    bool injectPending_ = false;
-    uint64_t injectSeq_ = 0; // seq of the last inject
 
     sockaddr_storage localAddr_{};
     socklen_t localLen_ = 0;

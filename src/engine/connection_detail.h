@@ -15,10 +15,6 @@ namespace rstream {
 
 // waitFor(): the send ring is empty (it may grow).
 constexpr int kSendDrained = 1 << 8;
-// The receive ring grows (x4) when the application read this many rings' worth within the
-// window.
-constexpr uint64_t kGrowRings = 4;
-constexpr int64_t kGrowWindowNs = 100'000'000;
 
 inline int64_t deadlineFor(int timeoutMs)
 {

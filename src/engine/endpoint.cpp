@@ -20,8 +20,8 @@ int Connection::setup(const fi_info *info)
     const ProviderCaps &caps = domain_->caps();
     iwarp_ = settings_.iwarp || caps.iwarp;
     injectSize_ = info->tx_attr->inject_size;
-    txCap_ = std::max<uint32_t>(Settings::kMinQueue,
-                                std::min<uint32_t>(settings_.txSize, info->tx_attr->size));
+    const uint32_t txCap = std::max<uint32_t>(
+        Settings::kMinQueue, std::min<uint32_t>(settings_.txSize, info->tx_attr->size));
     rxCount_ = std::max<uint32_t>(
         4, std::min<uint32_t>(
                {settings_.rxSize, static_cast<uint32_t>(info->rx_attr->size), wire::kMaxSlots}));
@@ -33,27 +33,28 @@ int Connection::setup(const fi_info *info)
     // Rings grow in place, in areas reserved up front; a provider that pins what is registered
     // (FI_MR_ALLOCATED, verbs) would pin the whole reservation, so there they keep their size.
     const bool canReserve = !caps.mrAllocated;
-    growSend_ = canReserve && settings_.sendBufMax > tx_.size;
-    growRecv_ = canReserve && settings_.recvBufMax > rx_.size;
+    bool growSend = canReserve && settings_.sendBufMax > tx_.size;
+    bool growRecv = canReserve && settings_.recvBufMax > rx_.size;
     size_t sendOff = 0, recvOff = 0, slotOff = 0, recordOff = 0, ctrlOff = 0;
     void *mem = MAP_FAILED;
     for (;;) {
-        sendReserve_ = growSend_ ? std::max(settings_.sendBufMax, tx_.size) : tx_.size;
+        sendReserve_ = growSend ? std::max(settings_.sendBufMax, tx_.size) : tx_.size;
         // Each new receive ring follows the previous one, and each is at least twice as big.
-        recvReserve_ = growRecv_ ? rx_.size + 2 * settings_.recvBufMax : rx_.size;
+        recvReserve_ = growRecv ? rx_.size + 2 * settings_.recvBufMax : rx_.size;
         recvOff = alignUp(sendOff + sendReserve_, 4096);
         slotOff = alignUp(recvOff + recvReserve_, 4096);
         recordOff = alignUp(slotOff + rxCount_ * slotStride_, 64);
         ctrlOff = alignUp(recordOff + kRecordBufs * kRecordSlotBytes, 64);
-        memSize_ = alignUp(ctrlOff + txCap_ * sizeof(uint32_t), 4096);
+        memSize_ = alignUp(ctrlOff + txCap * sizeof(uint32_t), 4096);
         mem = mmap(nullptr, memSize_, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (mem != MAP_FAILED || (!growSend_ && !growRecv_))
+        if (mem != MAP_FAILED || (!growSend && !growRecv))
             break;
         // Under strict overcommit the reservation counts in full: keep the sizes instead.
         RS_LOG(Info, "cannot reserve %zu bytes for growing rings: fixed sizes", memSize_);
-        growSend_ = growRecv_ = false;
+        growSend = growRecv = false;
     }
+    growth_.enable(growRecv, growSend);
     if (mem == MAP_FAILED) {
         memSize_ = 0;
         return -ENOMEM;
@@ -64,9 +65,9 @@ int Connection::setup(const fi_info *info)
     slotBufs_ = mem_ + slotOff;
     recordBufs_ = mem_ + recordOff;
     ctrlWords_ = reinterpret_cast<uint32_t *>(mem_ + ctrlOff);
-    txOps_ = new (std::nothrow) TxOp[txCap_]();
+    ret = txOps_.init(txCap);
     rxSlots_ = new (std::nothrow) RxSlot[rxCount_]();
-    if (!txOps_ || !rxSlots_)
+    if (ret < 0 || !rxSlots_)
         return -ENOMEM;
 
     fi_wait_attr wattr{};
@@ -88,7 +89,7 @@ int Connection::setup(const fi_info *info)
     cattr.format = FI_CQ_FORMAT_DATA;
     cattr.wait_obj = FI_WAIT_SET;
     cattr.wait_set = waitSet_;
-    cattr.size = txCap_ + rxCount_ + 16;
+    cattr.size = txOps_.cap() + rxCount_ + 16;
     ret = fi_cq_open(domain_->domain(), &cattr, cq_.out(), this);
     if (ret)
         return fiErr(ret);
@@ -96,7 +97,7 @@ int Connection::setup(const fi_info *info)
     fi_info *epInfo = fi_dupinfo(info);
     if (!epInfo)
         return -ENOMEM;
-    epInfo->tx_attr->size = txCap_;
+    epInfo->tx_attr->size = txOps_.cap();
     epInfo->rx_attr->size = rxCount_;
     ret = fi_endpoint(domain_->domain(), epInfo, ep_.out(), this);
     fi_freeinfo(epInfo);

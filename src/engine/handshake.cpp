@@ -43,7 +43,7 @@ int Connection::applyPeerHello(const wire::Hello &peer)
     peer_.init(peer.ringSize, peer.rxSlots, wire::creditShift(peer.ringSize));
     // Only a peer that answers GROW with SWITCH is asked to follow a growing ring.
     if (!(peer.flags & wire::kFlagGrow))
-        growRecv_ = false;
+        growth_.disableRecv();
     local_.init(rx_.size, rxCount_);
     windows_.init(peer.ioMapSize, settings_.ioMapSize);
     return 0;

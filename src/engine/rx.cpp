@@ -140,8 +140,7 @@ void Connection::processCqLocked()
                 failLocked(-ECONNRESET, "completion error");
             }
             // A failed send still returns its queue entry.
-            auto *op = static_cast<TxOp *>(err.op_context);
-            if (op >= txOps_ && op < txOps_ + txCap_)
+            if (TxOp *op = txOps_.find(err.op_context))
                 onTxCompleteLocked(op);
             continue;
         }
@@ -191,10 +190,8 @@ void Connection::processCqLocked()
                 }
                 handleWordLocked(word, hasRecord ? record : nullptr);
             } else {
-                auto *op = static_cast<TxOp *>(e.op_context);
-                if (op >= txOps_ && op < txOps_ + txCap_) {
-                    if (injectPending_ && op->seq > injectSeq_)
-                        injectPending_ = false;
+                if (TxOp *op = txOps_.find(e.op_context)) {
+                    txOps_.onReported(*op);
                     onTxCompleteLocked(op);
                 }
             }
@@ -310,8 +307,7 @@ void Connection::consumeLocked(uint64_t n)
     uint64_t cur = std::min(n - old, rx_.readable());
     rx_.consumed += cur;
     local_.onConsumed(cur);
-    consumedSinceGrow_ += old + cur;
-    if (growRecv_ && consumedSinceGrow_ >= kGrowRings * rx_.size)
+    if (growth_.onConsumed(old + cur, rx_.size))
         maybeGrowRecvLocked();
 }
 

@@ -59,10 +59,9 @@ ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs
                 return 0;
             // The ring holds the application back while the peer's ring has more room: it
             // grows once its writes completed (blocking senders wait for that).
-            if (uint64_t(space) < total - sent && growSend_ && tx_.size < sendReserve_ &&
-                peer_.ringSize() > tx_.size)
-                sendGrowWanted_ = true;
-            drain = sendGrowWanted_ && !(flags & kNonBlock);
+            drain = growth_.onSendSpace(uint64_t(space), total - sent, tx_.size, sendReserve_,
+                                        peer_.ringSize()) &&
+                    !(flags & kNonBlock);
             n = drain ? 0 : std::min<uint64_t>(static_cast<uint64_t>(space), total - sent);
             pos = tx_.tail;
             base = sendBase_;
@@ -98,40 +97,27 @@ ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs
 void Connection::onTxCompleteLocked(TxOp *op)
 {
     txEvents_.fetch_add(1, std::memory_order_relaxed);
-    op->done = true;
+    TxOpRing::complete(op);
     changed_ = true;
-    while (txHead_ < txNext_) {
-        TxOp &head = txOps_[txHead_ % txCap_];
-        if (!head.done)
-            break;
-        if (!RS_CHECK(head.len <= tx_.posted - tx_.done)) {
+    while (TxOp *head = txOps_.doneHead()) {
+        if (!RS_CHECK(head->len <= tx_.posted - tx_.done)) {
             failLocked(-ECONNRESET, "internal error");
             return;
         }
-        tx_.done += head.len;
-        if (head.len)
-            writesInFlight_--;
-        if (head.record) {
+        if (head->record)
             recordsDone_++; // ops leave in order, and so do the record buffers
-            head.record = false;
-        }
-        head.done = false;
-        head.len = 0;
-        txHead_++;
+        tx_.done += txOps_.release();
     }
 }
 
 int Connection::sendWordLocked(uint32_t word)
 {
-    if (!peer_.canSendCtrl() || txNext_ - txHead_ >= txCap_)
+    if (!peer_.canSendCtrl() || !txOps_.hasRoom(1))
         return -EAGAIN;
-    TxOp &op = txOps_[txNext_ % txCap_];
-    op.len = 0;
-    op.seq = txNext_;
-    op.done = false;
+    TxOp &op = txOps_.prepare(0);
     ssize_t ret;
     if (iwarp_) {
-        uint32_t &src = ctrlWords_[txNext_ % txCap_];
+        uint32_t &src = ctrlWords_[txOps_.nextIndex()];
         src = word;
         ret = fi_send(ep_, &src, sizeof(src), localDesc_, 0, &op.ctx);
     } else {
@@ -143,7 +129,7 @@ int Connection::sendWordLocked(uint32_t word)
         failLocked(-ECONNRESET, "send failed");
         return -ECONNRESET;
     }
-    txNext_++;
+    txOps_.commit();
     peer_.onCtrlSent();
     return 0;
 }
@@ -161,14 +147,14 @@ void Connection::flushLocked(bool force, bool uncork)
 {
     if (state_ != State::Connected || error_ || closed_)
         return;
-    if (switchTo_) {
+    if (const uint64_t switchTo = growth_.switchTo()) {
         // The peer's GROW: SWITCH goes between our last write into its old ring and the first
         // into the new one, which follows the old one in its registration.
         if (sendWordLocked(wire::encodeCtrl(wire::Ctrl::Switch)) < 0)
             return;
         peerRingAddr_ += peer_.ringSize();
-        peer_.switchRing(switchTo_);
-        switchTo_ = 0;
+        peer_.switchRing(switchTo);
+        growth_.onSwitchSent();
     }
     if (!flushRecordsLocked())
         return;
@@ -184,8 +170,7 @@ void Connection::flushLocked(bool force, bool uncork)
     if (corked && corkSinceNs_ && nowNs() - corkSinceNs_ >= kCorkMaxNs)
         corked = false;
     corkHeld_ = false;
-    while (tx_.unsent() > 0 && peer_.canSendData() &&
-           txNext_ - txHead_ + opsPerChunk + kTxReserve <= txCap_) {
+    while (tx_.unsent() > 0 && peer_.canSendData() && txOps_.hasRoom(opsPerChunk + kTxReserve)) {
         if (corked && tx_.unsent() < maxChunk) {
             corkHeld_ = true;
             if (!corkSinceNs_) {
@@ -194,7 +179,7 @@ void Connection::flushLocked(bool force, bool uncork)
             }
             break;
         }
-        if (!force && writesInFlight_ > 0 && tx_.unsent() < coalesceBelow)
+        if (!force && txOps_.writesInFlight() > 0 && tx_.unsent() < coalesceBelow)
             break;
         uint64_t len = std::min({tx_.unsent(), tx_.toEnd(tx_.posted),
                                  peer_.ringSize() - peer_.written() % peer_.ringSize(),
@@ -207,10 +192,7 @@ void Connection::flushLocked(bool force, bool uncork)
             return;
         }
         const uint32_t word = *encoded;
-        TxOp &op = txOps_[txNext_ % txCap_];
-        op.len = len;
-        op.seq = txNext_;
-        op.done = false;
+        TxOp &op = txOps_.prepare(len);
         ssize_t ret;
         // A write the provider can inject needs no completion: its ring space is free again
         // at once, and nothing wakes either side for it.
@@ -218,12 +200,9 @@ void Connection::flushLocked(bool force, bool uncork)
         if (iwarp_) {
             ret = fi_write(ep_, sendBase_ + srcOff, len, localDesc_, 0, dst, peerKey_, &op.ctx);
             if (ret == 0) {
-                txNext_++;
-                TxOp &note = txOps_[txNext_ % txCap_];
-                note.len = 0;
-                note.seq = txNext_;
-                note.done = false;
-                uint32_t &src = ctrlWords_[txNext_ % txCap_];
+                txOps_.commit();
+                TxOp &note = txOps_.prepare(0);
+                uint32_t &src = ctrlWords_[txOps_.nextIndex()];
                 src = word;
                 // The write is ordered before this send: its completion at the peer means the
                 // data is in place.
@@ -233,17 +212,17 @@ void Connection::flushLocked(bool force, bool uncork)
                         processCqLocked();
                 } while (ret == -FI_EAGAIN && !error_);
                 if (ret == 0)
-                    txNext_++;
+                    txOps_.commit();
             }
         } else if (inject) {
             ret = fi_inject_writedata(ep_, sendBase_ + srcOff, len, word, 0, dst, peerKey_);
             if (ret == 0)
-                txNext_++;
+                txOps_.commit();
         } else {
             ret = fi_writedata(ep_, sendBase_ + srcOff, len, localDesc_, word, 0, dst, peerKey_,
                                &op.ctx);
             if (ret == 0)
-                txNext_++;
+                txOps_.commit();
         }
         if (ret == -FI_EAGAIN)
             break;
@@ -253,11 +232,10 @@ void Connection::flushLocked(bool force, bool uncork)
         }
         tx_.posted += len;
         peer_.onDataSent(len);
-        writesInFlight_++;
+        txOps_.countWrite();
         bytesSent_.fetch_add(len, std::memory_order_relaxed);
         if (inject) {
-            injectPending_ = true;
-            injectSeq_ = op.seq;
+            txOps_.onInject(op);
             onTxCompleteLocked(&op);
         }
     }

@@ -256,9 +256,9 @@ bool Connection::needsBackgroundLocked() const
     if (error_ || closed_ || state_ != State::Connected)
         return closing_ && !closed_;
     // Data held for the cork waits for its timer, not for the progress thread's rounds.
-    return (tx_.unsent() > 0 && !corkHeld_) || tx_.inFlight() > 0 || txNext_ != txHead_ ||
-           local_.due() || injectPending_ || (shutWr_ && !shutWrSent_) || closing_ || kaAckOwed_ ||
-           !windows_.recordsEmpty();
+    return (tx_.unsent() > 0 && !corkHeld_) || tx_.inFlight() > 0 || !txOps_.empty() ||
+           local_.due() || txOps_.injectPending() || (shutWr_ && !shutWrSent_) || closing_ ||
+           kaAckOwed_ || !windows_.recordsEmpty();
 }
 
 void Connection::watch()
@@ -279,13 +279,14 @@ int Connection::backgroundProgress(bool *closedDone)
         return kProgressBusy;
     progressLocked(false);
     flushLocked(true);
-    if (injectPending_ && txHead_ == txNext_ && state_ == State::Connected && !error_ && !closed_) {
+    if (txOps_.injectPending() && txOps_.empty() && state_ == State::Connected && !error_ &&
+        !closed_) {
         // The application has gone quiet after injected writes: a KEEPALIVE's completion tells
         // when the provider has handed them over; until then the fd is watched for them.
         sendWordLocked(wire::encodeCtrl(wire::Ctrl::Keepalive));
     }
     if (closing_) {
-        bool delivered = tx_.unsent() == 0 && disconnectSent_ && txHead_ == txNext_;
+        bool delivered = tx_.unsent() == 0 && disconnectSent_ && txOps_.empty();
         if (delivered)
             delivered_.store(true, std::memory_order_release);
         // After DISCONNECT is delivered the endpoint lingers until the peer acknowledges it by

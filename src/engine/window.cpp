@@ -134,10 +134,7 @@ ssize_t Connection::writeWindow(const void *buf, size_t len, off_t offset, int f
             const PeerWindow *w = windows_.findPeer(at, n);
             if (!w || !canWriteWindowLocked() || tx_.tail != pos)
                 continue;
-            TxOp &op = txOps_[txNext_ % txCap_];
-            op.len = n;
-            op.seq = txNext_;
-            op.done = false;
+            TxOp &op = txOps_.prepare(n);
             ssize_t ret = fi_write(ep_, sendBase_ + tx_.offset(pos), n, localDesc_, 0,
                                    w->addr + (at - w->offset), w->key, &op.ctx);
             if (ret == -FI_EAGAIN) {
@@ -149,10 +146,10 @@ ssize_t Connection::writeWindow(const void *buf, size_t len, off_t offset, int f
                 return done ? static_cast<ssize_t>(done) : -ECONNRESET;
             }
             // Its ring space is released in order with the data around it.
-            txNext_++;
+            txOps_.commit();
             tx_.tail += n;
             tx_.posted += n;
-            writesInFlight_++;
+            txOps_.countWrite();
             bytesSent_.fetch_add(n, std::memory_order_relaxed);
             watch();
         }
@@ -166,8 +163,7 @@ bool Connection::canWriteWindowLocked() const
 {
     // Ordered behind everything queued before: stream data and window records all posted.
     return state_ == State::Connected && !error_ && !closed_ && tx_.unsent() == 0 &&
-           windows_.recordsEmpty() && tx_.appendSpan() > 0 &&
-           txNext_ - txHead_ + 1 + kTxReserve <= txCap_;
+           windows_.recordsEmpty() && tx_.appendSpan() > 0 && txOps_.hasRoom(1 + kTxReserve);
 }
 
 void Connection::releaseWindowsLocked()
@@ -191,16 +187,13 @@ bool Connection::flushRecordsLocked()
     // after riomap() must find the window known at the peer. They take a message slot each,
     // like data, so the slots kept for credits stay free.
     while (!windows_.recordsEmpty()) {
-        if (peer_.slots() <= kReservedSlots || txNext_ - txHead_ + 1 + kTxReserve > txCap_ ||
+        if (peer_.slots() <= kReservedSlots || !txOps_.hasRoom(1 + kTxReserve) ||
             recordsPosted_ - recordsDone_ >= kRecordBufs)
             return false;
         const PendingRecord &p = windows_.nextRecord();
         const uint32_t word = *wire::encodeIoMap(p.id);
         uint8_t *buf = recordBufs_ + (recordsPosted_ % kRecordBufs) * kRecordSlotBytes;
-        TxOp &op = txOps_[txNext_ % txCap_];
-        op.len = 0;
-        op.seq = txNext_;
-        op.done = false;
+        TxOp &op = txOps_.prepare(0);
         ssize_t ret;
         if (iwarp_) {
             std::memcpy(buf, &word, sizeof(word));
@@ -217,7 +210,7 @@ bool Connection::flushRecordsLocked()
             return false;
         }
         op.record = true;
-        txNext_++;
+        txOps_.commit();
         recordsPosted_++;
         peer_.onCtrlSent();
         windows_.popRecord();
