@@ -138,14 +138,25 @@ int HybridSocket::bind(const sockaddr *addr, socklen_t len)
     return 0;
 }
 
+HybridSocket::Wait HybridSocket::wait(int flags)
+{
+    // Connecting: EAGAIN as TCP says, or a blocking call waits for the connection (or the
+    // fallback to kernel TCP, which it then uses).
+    return nonblocking() || (flags & MSG_DONTWAIT) ? Wait::No : Wait::Settle;
+}
+
 ssize_t HybridSocket::send(const iovec *iov, int iovcnt, int flags)
 {
-    Mode m = mode();
+    std::shared_ptr<Socket> s;
+    Mode m;
+    if (int r = settledSnapshot(wait(flags), &s, &m); r < 0)
+        return r;
     if (m == Mode::Inherited)
         return -EIO;
+    if (m == Mode::Kernel)
+        return kernelIo(true, iov, iovcnt, flags); // fell back while this waited
     if (m != Mode::Fabric)
         return -ENOTSOCK; // the shim forwards other modes to the kernel
-    std::shared_ptr<Socket> s = socket();
     ssize_t r = s->send(iov, iovcnt, flags);
     if (r > 0)
         bytes_->sent.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
@@ -154,12 +165,16 @@ ssize_t HybridSocket::send(const iovec *iov, int iovcnt, int flags)
 
 ssize_t HybridSocket::recv(const iovec *iov, int iovcnt, int flags)
 {
-    Mode m = mode();
+    std::shared_ptr<Socket> s;
+    Mode m;
+    if (int r = settledSnapshot(wait(flags), &s, &m); r < 0)
+        return r;
     if (m == Mode::Inherited)
         return -EIO;
+    if (m == Mode::Kernel)
+        return kernelIo(false, iov, iovcnt, flags);
     if (m != Mode::Fabric)
         return -ENOTSOCK;
-    std::shared_ptr<Socket> s = socket();
     ssize_t r = s->recv(iov, iovcnt, flags);
     if (r > 0 && !(flags & MSG_PEEK))
         bytes_->received.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
@@ -168,7 +183,10 @@ ssize_t HybridSocket::recv(const iovec *iov, int iovcnt, int flags)
 
 int HybridSocket::shutdown(int how)
 {
-    auto [s, m] = snapshot();
+    std::shared_ptr<Socket> s;
+    Mode m;
+    if (int r = settledSnapshot(Wait::Load, &s, &m); r < 0)
+        return r;
     switch (m) {
     case Mode::Fabric:
         return s->shutdown(how);
@@ -233,7 +251,9 @@ int HybridSocket::getsockopt(int level, int name, void *val, socklen_t *len)
             return 0;
         }
     }
-    if (m == Mode::Fabric)
+    // Waiting for libfabric to load, the kernel fd answers: it holds the options set, and
+    // SO_ERROR 0 (in progress).
+    if (m == Mode::Fabric && s)
         return s->getsockopt(level, name, val, len);
     if (m == Mode::Inherited)
         return -EIO;
@@ -243,8 +263,8 @@ int HybridSocket::getsockopt(int level, int name, void *val, socklen_t *len)
 int HybridSocket::getsockname(sockaddr *addr, socklen_t *len)
 {
     auto [s, m] = snapshot();
-    if (m != Mode::Fabric)
-        return sys::getsockname(fd_, addr, len);
+    if (m != Mode::Fabric || !s)
+        return sys::getsockname(fd_, addr, len); // also while waiting for libfabric to load
     int r = s->localAddress(addr, len);
     if (r == 0 && accepted_ && appPort_ && addr)
         setPort(reinterpret_cast<sockaddr_storage *>(addr), appPort_); // the port it listened on
@@ -266,6 +286,8 @@ int HybridSocket::getpeername(sockaddr *addr, socklen_t *len)
     }
     if (m != Mode::Fabric)
         return sys::getpeername(fd_, addr, len);
+    if (!s)
+        return -ENOTCONN; // connecting: waiting for libfabric to load
     if (!accepted_) {
         // The address the application connected to, not the fabric listener's port.
         int r = s->peerAddress(addr, len);
@@ -282,9 +304,13 @@ int HybridSocket::getpeername(sockaddr *addr, socklen_t *len)
 
 int HybridSocket::fionread(int *bytes)
 {
-    std::shared_ptr<Socket> s = socket();
-    if (mode() != Mode::Fabric || !s)
+    auto [s, m] = snapshot();
+    if (m != Mode::Fabric)
         return -ENOTTY;
+    if (!s) {
+        *bytes = 0; // connecting: waiting for libfabric to load
+        return 0;
+    }
     return s->readable(bytes);
 }
 
@@ -373,7 +399,7 @@ int HybridSocket::pollEvents(int events)
     auto [s, m] = snapshot();
     switch (m) {
     case Mode::Fabric:
-        return s->pollEvents(events);
+        return s ? s->pollEvents(events) : 0; // none: connecting, waiting for libfabric
     case Mode::Listener: {
         int rev = kernelPollNow(POLLIN);
         if (s)
@@ -393,6 +419,15 @@ int HybridSocket::prepareWait(std::vector<pollfd> *fds, int events)
     auto [s, m] = snapshot();
     switch (m) {
     case Mode::Fabric:
+        if (!s) {
+            // Waiting for libfabric to load: the load's eventfd wakes the poller, which looks
+            // again (and the attempt starts then).
+            const int loadFd = fabricLoadFd();
+            if (loadFd < 0)
+                return -EAGAIN;
+            fds->push_back({loadFd, POLLIN, 0});
+            return 0;
+        }
         return s->prepareWait(fds, events);
     case Mode::Listener:
         fds->push_back({fd_, POLLIN, 0});
@@ -439,6 +474,8 @@ std::string HybridSocket::debugState()
     }
     if (s)
         r += " " + s->debugState();
+    else if (mode() == Mode::Fabric)
+        r += " waiting for libfabric to load";
     return r;
 }
 

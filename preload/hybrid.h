@@ -115,6 +115,20 @@ private:
     int connectFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out);
     // The engine socket and the mode, read together.
     std::pair<std::shared_ptr<Socket>, Mode> snapshot();
+    // The same after settle(). A Fabric socket waiting for libfabric to load (see connect) has
+    // no engine socket yet: then -EAGAIN (Wait::No), or first the wait for the load and the
+    // start of the attempt (Wait::Load), or for the attempt to settle too, as a blocking call
+    // on a connecting socket waits for the connection (Wait::Settle).
+    enum class Wait
+    {
+        No,
+        Load,
+        Settle
+    };
+    int settledSnapshot(Wait wait, std::shared_ptr<Socket> *s, Mode *m);
+    Wait wait(int flags); // for send and recv
+    // recvmsg and sendmsg on the kernel fd, for a socket that fell back while the caller waited.
+    ssize_t kernelIo(bool out, const iovec *iov, int iovcnt, int flags);
     std::shared_ptr<Socket> socket();
     int kernelPollNow(int events);
     void countFallbackIfEstablished();
@@ -125,6 +139,7 @@ private:
     struct Pending
     {
         sockaddr_storage addr{}; // the application's destination
+        sockaddr_storage dest{}; // its fabric listener's (the attempt starts later while loading)
         socklen_t len = 0;
         std::string key; // the fabric destination (negative cache)
         int port = 0;

@@ -6,10 +6,15 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <ctime>
+#include <sys/eventfd.h>
+#include <thread>
+#include <tuple>
 
 #include "clock.h"
+#include "fabric.h"
 #include "hybrid_internal.h"
 #include "log.h"
 #include "shimaddr.h"
@@ -24,7 +29,97 @@ NegativeCache &negativeCache()
     return *cache;
 }
 
+// Loading libfabric and setting up its providers takes ~0.3 s, which a nonblocking connect
+// must not spend on the caller's thread (it would freeze an event loop): the first one starts
+// the load on a thread of its own and its socket waits, tentative, for it. Pollers of such
+// sockets sleep on an eventfd that the thread makes readable, for good, when it is done: they
+// look again, and the socket starts its fabric attempt then. Process-wide and never freed:
+// the thread touches nothing else, so closing a socket meanwhile is safe.
+class BackgroundLoad
+{
+public:
+    static BackgroundLoad &instance()
+    {
+        static auto *l = new BackgroundLoad();
+        return *l;
+    }
+    bool ready() const { return ready_.load(std::memory_order_acquire); }
+    int fd() const { return fd_.load(std::memory_order_acquire); }
+    // Starts the load once; false when it could not be started (then the caller loads).
+    bool start()
+    {
+        std::call_once(once_, [this] {
+            const int fd = sys::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+            if (fd < 0) {
+                RS_LOG(Warn, "preload: no eventfd to load libfabric in the background (%s)",
+                       strerror(-fd));
+                return;
+            }
+            // The thread must not take the program's signals.
+            sigset_t all, old;
+            sigfillset(&all);
+            pthread_sigmask(SIG_SETMASK, &all, &old);
+            try {
+                std::thread([this, fd] {
+                    loadFabric(Settings::fromEnv());
+                    ready_.store(true, std::memory_order_release);
+                    const uint64_t one = 1;
+                    if (sys::write(fd, &one, sizeof(one)) < 0)
+                        RS_LOG(Warn, "preload: cannot signal the end of libfabric's load");
+                }).detach();
+                fd_.store(fd, std::memory_order_release);
+            } catch (...) {
+                RS_LOG(Warn, "preload: no thread to load libfabric in the background");
+                sys::close(fd);
+            }
+            pthread_sigmask(SIG_SETMASK, &old, nullptr);
+        });
+        return fd() >= 0;
+    }
+
+private:
+    std::once_flag once_;
+    std::atomic<bool> ready_{false};
+    std::atomic<int> fd_{-1};
+};
+
+// Whether a nonblocking connect must wait for libfabric: it is loading in the background (this
+// call may have started that). false: it is ready, or no thread could load it (the caller
+// loads it, as a blocking connect does).
+bool awaitsBackgroundLoad()
+{
+    auto &l = BackgroundLoad::instance();
+    if (l.ready())
+        return false;
+    // Loaded already by a listener or a blocking connect.
+    if (l.fd() < 0 && fabricLoadDone())
+        return false;
+    return l.start();
+}
+
 } // namespace
+
+bool fabricLoadReady()
+{
+    return BackgroundLoad::instance().ready();
+}
+
+int fabricLoadFd()
+{
+    return BackgroundLoad::instance().fd();
+}
+
+void waitFabricLoad()
+{
+    auto &l = BackgroundLoad::instance();
+    while (!l.ready()) {
+        pollfd p{l.fd(), POLLIN, 0};
+        if (p.fd < 0)
+            return; // no background load: nothing to wait for
+        const timespec tick{0, 100 * 1000000L};
+        sys::ppoll(&p, 1, &tick, nullptr);
+    }
+}
 
 int HybridSocket::connectFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out)
 {
@@ -59,16 +154,12 @@ int HybridSocket::connectFabric(const sockaddr *addr, socklen_t len, std::shared
 
 int HybridSocket::connect(const sockaddr *addr, socklen_t len)
 {
-    settle();
-    Mode m = mode();
-    if (m == Mode::Fabric) {
-        std::shared_ptr<Socket> s;
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            s = sock_;
-        }
-        return s->connect(addr, len);
-    }
+    std::shared_ptr<Socket> fs;
+    Mode m;
+    if (int r = settledSnapshot(nonblocking() ? Wait::No : Wait::Load, &fs, &m); r < 0)
+        return r == -EAGAIN ? -EALREADY : r; // still waiting for libfabric
+    if (m == Mode::Fabric)
+        return fs->connect(addr, len);
     if (m == Mode::Listener)
         return -EISCONN;
     if (m == Mode::Inherited)
@@ -132,17 +223,25 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
             std::shared_ptr<Socket> s;
             int r;
             if (nonblocking()) {
-                // A nonblocking connect returns at once; the attempt settles later (settle()).
-                r = startFabric(reinterpret_cast<sockaddr *>(&dest), len, &s);
+                // A nonblocking connect returns at once; the attempt settles later (settle()),
+                // and starts later too while libfabric loads in the background.
+                const bool loading = awaitsBackgroundLoad();
+                if (loading) {
+                    noteEngineUsed();
+                    r = -EINPROGRESS;
+                } else {
+                    r = startFabric(reinterpret_cast<sockaddr *>(&dest), len, &s);
+                }
                 if (r == -EINPROGRESS) {
                     std::lock_guard<std::mutex> lock(mutex_);
                     pending_ = std::make_unique<Pending>();
                     std::memcpy(&pending_->addr, addr, std::min<socklen_t>(len, sizeof(dest)));
+                    pending_->dest = dest;
                     pending_->len = len;
                     pending_->key = key;
                     pending_->port = port;
                     pending_->fport = fport;
-                    sock_ = std::move(s);
+                    sock_ = std::move(s); // none yet while loading
                     mode_.store(Mode::Fabric, std::memory_order_release);
                     tentative_.store(true, std::memory_order_release);
                     return -EINPROGRESS;
@@ -222,13 +321,59 @@ int HybridSocket::startFabric(const sockaddr *addr, socklen_t len, std::shared_p
 {
     noteEngineUsed();
     auto s = std::make_shared<Socket>(family_);
-    applyOptions(*s);
+    std::vector<Option> options;
+    {
+        // Another thread may be setting one (settle() can start an attempt).
+        std::lock_guard<std::mutex> lock(mutex_);
+        options = options_;
+    }
+    for (auto &o : options)
+        s->setsockopt(o.level, o.name, o.value.data(), static_cast<socklen_t>(o.value.size()));
     s->setNonblocking(true);
     int r = s->connect(addr, len);
     if (r != 0 && r != -EINPROGRESS)
         return r;
     *out = std::move(s);
     return r;
+}
+
+int HybridSocket::settledSnapshot(Wait wait, std::shared_ptr<Socket> *s, Mode *m)
+{
+    for (;;) {
+        settle();
+        std::tie(*s, *m) = snapshot();
+        const bool tentative = tentative_.load(std::memory_order_acquire);
+        if (*m != Mode::Fabric || (*s && !(tentative && wait == Wait::Settle)))
+            return 0;
+        if (!*s) {
+            if (wait == Wait::No)
+                return -EAGAIN;
+            if (!tentative || fabricLoadFd() < 0)
+                return -ENOTCONN; // not waiting for the load after all
+            waitFabricLoad();
+            continue;
+        }
+        // The attempt is under way: until it connects or fails (then settle() falls back),
+        // bounded by the engine's connect deadline.
+        if ((*s)->pollEvents(POLLOUT))
+            continue;
+        std::vector<pollfd> fds;
+        if ((*s)->prepareWait(&fds, POLLOUT) == -EAGAIN)
+            continue;
+        const timespec tick{0, 100 * 1000000L};
+        sys::ppoll(fds.data(), fds.size(), &tick, nullptr);
+    }
+}
+
+ssize_t HybridSocket::kernelIo(bool out, const iovec *iov, int iovcnt, int flags)
+{
+    // Through the interposers, which pass calls made inside the shim to libc. SIGPIPE is the
+    // caller's to raise.
+    msghdr mh{};
+    mh.msg_iov = const_cast<iovec *>(iov);
+    mh.msg_iovlen = static_cast<size_t>(iovcnt);
+    ssize_t r = out ? ::sendmsg(fd_, &mh, flags | MSG_NOSIGNAL) : ::recvmsg(fd_, &mh, flags);
+    return r < 0 ? -errno : r;
 }
 
 void HybridSocket::settleSlow()
@@ -238,11 +383,32 @@ void HybridSocket::settleSlow()
     if (!tentative_.load(std::memory_order_acquire))
         return;
     std::shared_ptr<Socket> s;
+    sockaddr_storage dest{};
+    socklen_t destLen = 0;
     {
         std::lock_guard<std::mutex> lock(mutex_);
         s = sock_;
+        if (!s && pending_) {
+            dest = pending_->dest;
+            destLen = pending_->len;
+        }
     }
-    const int st = s ? s->connectStatus() : -ENOTCONN;
+    int st;
+    if (!s && destLen) {
+        // The attempt waited for libfabric to load: it starts now, once that is over.
+        if (!fabricLoadReady())
+            return;
+        st = startFabric(reinterpret_cast<sockaddr *>(&dest), destLen, &s);
+        if (s) {
+            s->setNonblocking(nonblocking());
+            std::lock_guard<std::mutex> lock(mutex_);
+            sock_ = s;
+        }
+        if (st == 0 || st == -EINPROGRESS)
+            st = s->connectStatus();
+    } else {
+        st = s ? s->connectStatus() : -ENOTCONN;
+    }
     if (st == -EINPROGRESS)
         return; // the engine's connect deadline bounds it
     std::unique_ptr<Pending> p;

@@ -102,6 +102,12 @@ const std::string &chooseProvider(const Settings &settings)
     return chosen;
 }
 
+void loadFabric(const Settings &settings)
+{
+    // The first fi_getinfo sets up libfabric's providers: part of the cost of the load.
+    providerUsable(chooseProvider(settings));
+}
+
 int getInfo(const Settings &settings, const sockaddr *src, socklen_t srcLen, const sockaddr *dst,
             socklen_t dstLen, fi_info **out)
 {

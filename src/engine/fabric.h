@@ -50,6 +50,13 @@ private:
     ProviderCaps caps_;
 };
 
+// libfabric is loaded on first use (fiload.cpp), which takes a while (~0.3 s with its
+// providers). Whether that is over, loaded or not: calls into libfabric no longer wait for it.
+bool fabricLoadDone();
+// Loads libfabric and sets up its providers now, on the calling thread, as the first fabric
+// socket would (for callers that must not wait for it: they call this on another thread).
+void loadFabric(const Settings &settings);
+
 // The provider to use: Settings::provider, else verbs when it reports a device, else tcp.
 const std::string &chooseProvider(const Settings &settings);
 

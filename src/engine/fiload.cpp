@@ -13,6 +13,7 @@
 // the signals alone; a handler that a fabric library installs anyway is replaced by what the
 // signal had just before.
 
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -23,6 +24,7 @@
 #include <rdma/fi_errno.h>
 
 #include "crash.h"
+#include "fabric.h"
 #include "log.h"
 
 namespace rstream {
@@ -45,6 +47,7 @@ constexpr const char *kLibrary = "libfabric.so.1";
 std::once_flag gOnce;
 Api gApi;
 bool gLoaded = false;
+std::atomic<bool> gDone{false}; // the load is over, whatever its outcome
 
 template <typename F>
 bool bind(void *lib, const char *name, const char *version, F *out)
@@ -104,11 +107,19 @@ void load()
 
 const Api *api()
 {
-    std::call_once(gOnce, load);
+    std::call_once(gOnce, [] {
+        load();
+        gDone.store(true, std::memory_order_release);
+    });
     return gLoaded ? &gApi : nullptr;
 }
 
 } // namespace
+
+bool fabricLoadDone()
+{
+    return gDone.load(std::memory_order_acquire);
+}
 
 } // namespace rstream
 

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <pthread.h>
 #include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -21,19 +22,23 @@ namespace rstream {
 namespace {
 // The calling thread's wake-up eventfd: connections write it when another thread's progress
 // changes readiness (reading a CQ resets the wait fd, so the wait fd alone can miss that).
+// Trivially destructible, and closed at thread exit by a pthread key's destructor instead: a
+// thread_local with a destructor is registered on first use in each thread through
+// __cxa_thread_atexit, which takes the dynamic loader's lock, and libfabric's load holds that
+// lock for its whole ~0.3 s (the shim loads it on a thread of its own for a nonblocking connect,
+// while the program's event loop polls).
 class ThreadWake
 {
 public:
-    ~ThreadWake()
-    {
-        if (fd_ >= 0)
-            sys::close(fd_);
-    }
     int fd()
     {
         if (fd_ < 0) {
             int fd = sys::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-            fd_ = fd < 0 ? -1 : fd;
+            if (fd < 0)
+                return -1;
+            fd_ = fd;
+            if (const pthread_key_t *k = key())
+                pthread_setspecific(*k, reinterpret_cast<void *>(static_cast<intptr_t>(fd) + 1));
         }
         return fd_;
     }
@@ -45,6 +50,17 @@ public:
     }
 
 private:
+    // The key whose destructor closes a thread's fd; null if none could be had (the fd then
+    // stays open after its thread ends).
+    static const pthread_key_t *key()
+    {
+        static pthread_key_t k;
+        static const bool ok = pthread_key_create(&k, [](void *v) {
+                                   sys::close(static_cast<int>(reinterpret_cast<intptr_t>(v) - 1));
+                               }) == 0;
+        return ok ? &k : nullptr;
+    }
+
     int fd_ = -1;
 };
 thread_local ThreadWake tWake;

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# A process's first socket is a nonblocking connect: connect() returns at once although
+# libfabric is not loaded yet, and the connection then goes over the fabric (the server is
+# under the shim) or falls back to kernel TCP (it is not).
+# Usage: nbconnect.sh PROGRAM PRELOAD_LIB
+set -euo pipefail
+prog=$1
+lib=$2
+export RSTREAM_PROVIDER=${RSTREAM_PROVIDER:-tcp}
+unset RSTREAM_PORT_OFFSET RSTREAM_PORTS RSTREAM_EXCLUDE RSTREAM_ENABLE RSTREAM_STATS LD_PRELOAD
+offset=20000 # the shim's default fabric port offset on tcp
+
+work=$(mktemp -d)
+server=
+cleanup() {
+	[ -z "$server" ] || kill -KILL "$server" 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+fail() {
+	echo "FAIL: $*"
+	for f in "$work"/*.log; do
+		[ -f "$f" ] || continue
+		echo "---- ${f#"$work"/}"
+		tail -n 20 "$f"
+	done
+	exit 1
+}
+
+# shellcheck source-path=SCRIPTDIR source=../lib/ports.sh
+. "$(dirname "$0")/../lib/ports.sh"
+
+# run_case NAME SHIMMED_SERVER(0|1) WAIT(poll|epoll|spin|blocking) FABRIC FALLBACK
+run_case() {
+	local name=$1 shimmed=$2 how=$3 want_fabric=$4 want_fallback=$5 port stats
+	port=$(pick_port "$offset" 20001) || fail "no free port"
+	if [ "$shimmed" = 1 ]; then
+		env LD_PRELOAD="$lib" "$prog" server "$port" >"$work/server.log" 2>&1 &
+	else
+		"$prog" server "$port" >"$work/server.log" 2>&1 &
+	fi
+	server=$!
+	for _ in $(seq 400); do
+		grep -q ready "$work/server.log" 2>/dev/null && break
+		kill -0 "$server" 2>/dev/null || fail "$name: the server ended early"
+		sleep 0.05
+	done
+	if [ "$shimmed" = 1 ]; then
+		for _ in $(seq 200); do
+			port_listening $((port + offset)) && break
+			sleep 0.05
+		done
+	fi
+	timeout 60 env RSTREAM_STATS="$work/client.json" LD_PRELOAD="$lib" "$prog" client "$port" \
+		"$how" >"$work/client.log" 2>&1 || fail "$name: the client failed"
+	wait "$server" || fail "$name: the server failed"
+	server=
+	echo "$name:"
+	sed 's/^/  /' "$work/client.log"
+	stats=$(cat "$work/client.json")
+	echo "  stats: $stats"
+	grep -q "\"fabric_connections\": $want_fabric," <<<"$stats" ||
+		fail "$name: expected $want_fabric fabric connections"
+	grep -q "\"fallback_connections\": $want_fallback," <<<"$stats" ||
+		fail "$name: expected $want_fallback fallback connections"
+	rm -f "$work"/*.log "$work/client.json"
+}
+
+run_case "fabric, poll" 1 poll 1 0
+run_case "fabric, epoll" 1 epoll 1 0
+run_case "fabric, poll(0) until writable" 1 spin 1 0
+run_case "fabric, blocking send and recv" 1 blocking 1 0
+run_case "kernel TCP fallback, poll" 0 poll 0 1
+run_case "kernel TCP fallback, epoll" 0 epoll 0 1
+run_case "kernel TCP fallback, poll(0) until writable" 0 spin 0 1
+run_case "kernel TCP fallback, blocking send and recv" 0 blocking 0 1
