@@ -367,13 +367,11 @@ int HybridSocket::settledSnapshot(Wait wait, std::shared_ptr<Socket> *s, Mode *m
 
 ssize_t HybridSocket::kernelIo(bool out, const iovec *iov, int iovcnt, int flags)
 {
-    // Through the interposers, which pass calls made inside the shim to libc. SIGPIPE is the
-    // caller's to raise.
+    // SIGPIPE is the caller's to raise.
     msghdr mh{};
     mh.msg_iov = const_cast<iovec *>(iov);
     mh.msg_iovlen = static_cast<size_t>(iovcnt);
-    ssize_t r = out ? ::sendmsg(fd_, &mh, flags | MSG_NOSIGNAL) : ::recvmsg(fd_, &mh, flags);
-    return r < 0 ? -errno : r;
+    return out ? sys::sendmsg(fd_, &mh, flags | MSG_NOSIGNAL) : sys::recvmsg(fd_, &mh, flags);
 }
 
 void HybridSocket::settleSlow()

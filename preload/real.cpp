@@ -104,6 +104,14 @@ ssize_t kWrite(int fd, const void *b, size_t n)
 {
     return shim().real.write()(fd, b, n);
 }
+ssize_t kSendmsg(int fd, const msghdr *m, int f)
+{
+    return shim().real.sendmsg()(fd, m, f);
+}
+ssize_t kRecvmsg(int fd, msghdr *m, int f)
+{
+    return shim().real.recvmsg()(fd, m, f);
+}
 int kPoll(pollfd *fds, nfds_t n, int t)
 {
     return shim().real.poll()(fds, n, t);
@@ -137,6 +145,8 @@ constexpr sys::Calls gRealCalls = {
     .fcntl = kFcntl,
     .read = kRead,
     .write = kWrite,
+    .sendmsg = kSendmsg,
+    .recvmsg = kRecvmsg,
     .poll = kPoll,
     .ppoll = realPpoll,
     .epollCreate1 = kEpollCreate1,

@@ -34,6 +34,8 @@ struct Calls
     int (*fcntl)(int, int, ...);
     ssize_t (*read)(int, void *, size_t);
     ssize_t (*write)(int, const void *, size_t);
+    ssize_t (*sendmsg)(int, const msghdr *, int);
+    ssize_t (*recvmsg)(int, msghdr *, int);
     int (*poll)(pollfd *, nfds_t, int);
     int (*ppoll)(pollfd *, nfds_t, const timespec *, const sigset_t *);
     int (*epollCreate1)(int);
@@ -120,6 +122,14 @@ inline ssize_t read(int fd, void *buf, size_t len)
 inline ssize_t write(int fd, const void *buf, size_t len)
 {
     return ret(calls().write(fd, buf, len));
+}
+inline ssize_t sendmsg(int fd, const msghdr *msg, int flags)
+{
+    return ret(calls().sendmsg(fd, msg, flags));
+}
+inline ssize_t recvmsg(int fd, msghdr *msg, int flags)
+{
+    return ret(calls().recvmsg(fd, msg, flags));
 }
 // Cancellation points and EINTR stay what they are in libc: the blocking calls sleep in the
 // real syscall.
