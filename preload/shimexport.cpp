@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "configvars.h"
+#include "kernel.h"
 #include "connection.h"
 #include "log.h"
 
@@ -155,7 +156,7 @@ Header *Registry::ensureExportLocked()
     if (ftruncate(fd, static_cast<off_t>(kFileSize)) == 0)
         mem = mmap(nullptr, kFileSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     const int err = errno;
-    ::close(fd);
+    sys::close(fd);
     if (mem == MAP_FAILED) {
         ::unlink(tmp.c_str());
         RS_LOG(Info, "no live statistics for rstream-stat: %s: %s", tmp.c_str(), strerror(err));
