@@ -239,3 +239,31 @@ expect_kernel() {
 	v=$(stat_sum "$role" fallback_connections)
 	[ "$v" -ge "$min" ] || fail "$role: $v fallback connections, expected at least $min"
 }
+
+# start_nginx MODEL: nginx under the shim (role "server") serving $work/nginx/html on a free
+# port (sets port and server_pid). MODEL is its process directives, e.g. "master_process off;
+# worker_processes 1;" or "worker_processes 2;". It runs as root so that its workers can read
+# the work folder; every path it writes is under $work/nginx.
+start_nginx() {
+	mkdir -p "$work/nginx/html"
+	cat >"$work/nginx/nginx.conf.in" <<EOC
+daemon off;
+user root;
+$1
+error_log $work/nginx/error.log info;
+pid $work/nginx/nginx.pid;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $work/nginx/body;
+    proxy_temp_path $work/nginx/proxy;
+    fastcgi_temp_path $work/nginx/fastcgi;
+    uwsgi_temp_path $work/nginx/uwsgi;
+    scgi_temp_path $work/nginx/scgi;
+    server { listen 127.0.0.1:NGINX_PORT; root $work/nginx/html; }
+}
+EOC
+	start_server server 1 shim server 60 bash -c \
+		"sed 's/NGINX_PORT/@PORT@/' '$work/nginx/nginx.conf.in' >'$work/nginx/nginx.conf' && \
+		exec nginx -e stderr -c '$work/nginx/nginx.conf'"
+}

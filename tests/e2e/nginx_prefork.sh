@@ -10,31 +10,9 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need nginx curl ab
 
-mkdir -p "$work/nginx/html" "$work/nginx/logs"
+mkdir -p "$work/nginx/html"
 head -c 4096 /dev/urandom | base64 -w 0 >"$work/nginx/html/index.html"
-conf() {
-	cat <<EOC
-daemon off;
-user root;
-worker_processes 2;
-error_log $work/nginx/logs/error.log info;
-pid $work/nginx/nginx.pid;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    client_body_temp_path $work/nginx/body;
-    proxy_temp_path $work/nginx/proxy;
-    fastcgi_temp_path $work/nginx/fastcgi;
-    uwsgi_temp_path $work/nginx/uwsgi;
-    scgi_temp_path $work/nginx/scgi;
-    server { listen 127.0.0.1:NGINX_PORT; root $work/nginx/html; }
-}
-EOC
-}
-conf >"$work/nginx/nginx.conf.in"
-start_server server 1 shim server 60 bash -c \
-	"sed 's/NGINX_PORT/@PORT@/' '$work/nginx/nginx.conf.in' >'$work/nginx/nginx.conf' && \
-	exec nginx -e stderr -c '$work/nginx/nginx.conf'"
+start_nginx "worker_processes 2;"
 # The master forks its workers after it listens.
 sleep 0.5
 

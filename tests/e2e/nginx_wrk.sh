@@ -11,27 +11,7 @@ connections=${E2E_WRK_CONNECTIONS:-200}
 
 mkdir -p "$work/nginx/html"
 printf 'hello over the fabric\n' >"$work/nginx/html/index.html"
-cat >"$work/nginx/nginx.conf.in" <<EOC
-daemon off;
-master_process off;
-user root;
-worker_processes 1;
-error_log $work/nginx/error.log info;
-pid $work/nginx/nginx.pid;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $work/nginx/body;
-    proxy_temp_path $work/nginx/proxy;
-    fastcgi_temp_path $work/nginx/fastcgi;
-    uwsgi_temp_path $work/nginx/uwsgi;
-    scgi_temp_path $work/nginx/scgi;
-    server { listen 127.0.0.1:NGINX_PORT; root $work/nginx/html; }
-}
-EOC
-start_server server 1 shim server 60 bash -c \
-	"sed 's/NGINX_PORT/@PORT@/' '$work/nginx/nginx.conf.in' >'$work/nginx/nginx.conf' && \
-	exec nginx -e stderr -c '$work/nginx/nginx.conf'"
+start_nginx "master_process off; worker_processes 1;"
 
 shim wrk 60 wrk -t2 -c"$connections" -d2s "http://127.0.0.1:$port/" >"$work/wrk.log" 2>&1 ||
 	fail "wrk exited with an error"
