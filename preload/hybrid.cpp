@@ -10,6 +10,7 @@
 #include <new>
 #include <unistd.h>
 
+#include "fabric.h"
 #include "hybrid_internal.h"
 #include "log.h"
 #include "shimaddr.h"

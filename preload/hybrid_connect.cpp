@@ -6,11 +6,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <csignal>
 #include <cstring>
 #include <ctime>
-#include <sys/eventfd.h>
-#include <thread>
 #include <tuple>
 
 #include "clock.h"
@@ -29,97 +26,7 @@ NegativeCache &negativeCache()
     return *cache;
 }
 
-// Loading libfabric and setting up its providers takes ~0.3 s, which a nonblocking connect
-// must not spend on the caller's thread (it would freeze an event loop): the first one starts
-// the load on a thread of its own and its socket waits, tentative, for it. Pollers of such
-// sockets sleep on an eventfd that the thread makes readable, for good, when it is done: they
-// look again, and the socket starts its fabric attempt then. Process-wide and never freed:
-// the thread touches nothing else, so closing a socket meanwhile is safe.
-class BackgroundLoad
-{
-public:
-    static BackgroundLoad &instance()
-    {
-        static auto *l = new BackgroundLoad();
-        return *l;
-    }
-    bool ready() const { return ready_.load(std::memory_order_acquire); }
-    int fd() const { return fd_.load(std::memory_order_acquire); }
-    // Starts the load once; false when it could not be started (then the caller loads).
-    bool start()
-    {
-        std::call_once(once_, [this] {
-            const int fd = sys::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-            if (fd < 0) {
-                RS_LOG(Warn, "preload: no eventfd to load libfabric in the background (%s)",
-                       strerror(-fd));
-                return;
-            }
-            // The thread must not take the program's signals.
-            sigset_t all, old;
-            sigfillset(&all);
-            pthread_sigmask(SIG_SETMASK, &all, &old);
-            try {
-                std::thread([this, fd] {
-                    loadFabric(Settings::fromEnv());
-                    ready_.store(true, std::memory_order_release);
-                    const uint64_t one = 1;
-                    if (sys::write(fd, &one, sizeof(one)) < 0)
-                        RS_LOG(Warn, "preload: cannot signal the end of libfabric's load");
-                }).detach();
-                fd_.store(fd, std::memory_order_release);
-            } catch (...) {
-                RS_LOG(Warn, "preload: no thread to load libfabric in the background");
-                sys::close(fd);
-            }
-            pthread_sigmask(SIG_SETMASK, &old, nullptr);
-        });
-        return fd() >= 0;
-    }
-
-private:
-    std::once_flag once_;
-    std::atomic<bool> ready_{false};
-    std::atomic<int> fd_{-1};
-};
-
-// Whether a nonblocking connect must wait for libfabric: it is loading in the background (this
-// call may have started that). false: it is ready, or no thread could load it (the caller
-// loads it, as a blocking connect does).
-bool awaitsBackgroundLoad()
-{
-    auto &l = BackgroundLoad::instance();
-    if (l.ready())
-        return false;
-    // Loaded already by a listener or a blocking connect.
-    if (l.fd() < 0 && fabricLoadDone())
-        return false;
-    return l.start();
-}
-
 } // namespace
-
-bool fabricLoadReady()
-{
-    return BackgroundLoad::instance().ready();
-}
-
-int fabricLoadFd()
-{
-    return BackgroundLoad::instance().fd();
-}
-
-void waitFabricLoad()
-{
-    auto &l = BackgroundLoad::instance();
-    while (!l.ready()) {
-        pollfd p{l.fd(), POLLIN, 0};
-        if (p.fd < 0)
-            return; // no background load: nothing to wait for
-        const timespec tick{0, 100 * 1000000L};
-        sys::ppoll(&p, 1, &tick, nullptr);
-    }
-}
 
 int HybridSocket::connectFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out)
 {
@@ -225,7 +132,7 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
             if (nonblocking()) {
                 // A nonblocking connect returns at once; the attempt settles later (settle()),
                 // and starts later too while libfabric loads in the background.
-                const bool loading = awaitsBackgroundLoad();
+                const bool loading = loadFabricInBackground(Settings::fromEnv());
                 if (loading) {
                     noteEngineUsed();
                     r = -EINPROGRESS;

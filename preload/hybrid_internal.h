@@ -11,13 +11,6 @@ namespace rstream::shim {
 // The fabric is about to be used by this process (see engineUsed()).
 void noteEngineUsed();
 
-// libfabric for nonblocking connects, loaded on a thread of its own (hybrid_connect.cpp).
-// Whether it is ready (loaded, or known not to load); an fd that becomes readable, for good,
-// once it is (-1 before a background load started); and a wait for it.
-bool fabricLoadReady();
-int fabricLoadFd();
-void waitFabricLoad();
-
 // What the log says about a fallback (formatted only when the line is written). where: the
 // fabric address (connects) or port (listeners) concerned; err: the fabric's errno.
 std::string fallbackDetail(Fallback why, int port, const std::string &where, int err,

@@ -56,6 +56,15 @@ bool fabricLoadDone();
 // Loads libfabric and sets up its providers now, on the calling thread, as the first fabric
 // socket would (for callers that must not wait for it: they call this on another thread).
 void loadFabric(const Settings &settings);
+// The same on a thread of its own, for callers that must not wait (a nonblocking connect): true
+// while it loads there (started by this call or an earlier one); false when libfabric is usable
+// now, or when no thread could be had (the caller then loads it, as a blocking call does).
+bool loadFabricInBackground(const Settings &settings);
+// Whether the background load is over; an fd that becomes readable, for good, once it is (-1
+// when none was started); and a wait for it (at most the load's ~0.3 s).
+bool fabricLoadReady();
+int fabricLoadFd();
+void waitFabricLoad();
 
 // The provider to use: Settings::provider, else verbs when it reports a device, else tcp.
 const std::string &chooseProvider(const Settings &settings);
