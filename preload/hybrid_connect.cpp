@@ -106,7 +106,7 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
     const bool inet = addr->sa_family == AF_INET || addr->sa_family == AF_INET6;
     const bool usable =
         addr->sa_family == family_ && len >= (family_ == AF_INET ? sizeof(sockaddr_in) : 24);
-    const int port = usable ? portOf(addr) : 0;
+    const int port = usable ? addressPort(addr) : 0;
     const int fport = config_.fabricPort(port);
     Fallback why = Fallback::None;
     std::string key; // the fabric destination

@@ -33,7 +33,7 @@ int HybridSocket::listen(int backlog)
     socklen_t llen = sizeof(local);
     if (int r = sys::getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen); r < 0)
         return r;
-    int port = portOf(reinterpret_cast<sockaddr *>(&local));
+    int port = addressPort(reinterpret_cast<sockaddr *>(&local));
     int fport = config_.fabricPort(port);
     std::shared_ptr<Socket> s;
     Fallback why = Fallback::None;

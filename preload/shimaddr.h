@@ -13,11 +13,6 @@
 
 namespace rstream::shim {
 
-inline int portOf(const sockaddr *addr)
-{
-    return addressPort(addr);
-}
-
 inline void setPort(sockaddr_storage *ss, int port)
 {
     if (ss->ss_family == AF_INET)
@@ -57,7 +52,7 @@ inline std::string describe(const sockaddr *addr)
         in6->sin6_family = AF_INET6;
         std::memcpy(&in6->sin6_addr, bytes, 16);
     }
-    setPort(&ss, portOf(addr));
+    setPort(&ss, addressPort(addr));
     return addressText(reinterpret_cast<const sockaddr *>(&ss));
 }
 

@@ -180,7 +180,7 @@ bool ShimConfig::excluded(const sockaddr *addr) const
 {
     uint8_t bytes[16];
     int fam = addressBytes(addr, bytes);
-    int port = portOf(addr);
+    int port = addressPort(addr);
     for (auto &n : exclude) {
         if (n.port && n.port != port)
             continue;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Socket addresses as text, the one place that formats and parses them.
+// Socket addresses as text, the one place that formats them.
 #pragma once
 
 #include <cstddef>
@@ -18,10 +18,5 @@ std::string addressText(const sockaddr *addr);
 std::string hostText(const sockaddr *addr);
 // The port in host byte order, 0 for another family.
 int addressPort(const sockaddr *addr);
-
-// Parses "1.2.3.4:80", "[::1]:80", or a bare host with defaultPort ("1.2.3.4", "::1",
-// "[::1]"). Returns 0 and fills *out and *len, or -EINVAL for anything else (names are not
-// resolved, ports must be 0..65535 digits).
-int parseAddress(const char *text, int defaultPort, sockaddr_storage *out, socklen_t *len);
 
 } // namespace rstream

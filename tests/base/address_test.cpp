@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Address text: one format for every log line, statistic and tool, and its parser.
+// Address text: one format for every log line, statistic and tool.
 
 #include <arpa/inet.h>
 #include <cerrno>
@@ -78,40 +78,4 @@ TEST(Address, FormatCutsToTheBufferWithoutOverrun)
     EXPECT_EQ(std::string(buf), "[2001:d");
     EXPECT_EQ(buf[8], 'x');
     EXPECT_EQ(formatAddress(sa(a), buf, 0), 0u);
-}
-
-TEST(Address, ParsesWhatItFormats)
-{
-    for (auto ss : {v4("10.1.2.3", 1), v4("0.0.0.0", 65535), v6("::1", 22), v6("fe80::1", 0)}) {
-        sockaddr_storage out;
-        socklen_t len = 0;
-        std::string text = addressText(sa(ss));
-        ASSERT_EQ(parseAddress(text.c_str(), 9, &out, &len), 0) << text;
-        EXPECT_EQ(addressText(sa(out)), text);
-        EXPECT_EQ(len, ss.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
-    }
-}
-
-TEST(Address, BareHostsTakeTheDefaultPort)
-{
-    sockaddr_storage out;
-    socklen_t len;
-    ASSERT_EQ(parseAddress("127.0.0.1", 5201, &out, &len), 0);
-    EXPECT_EQ(addressText(sa(out)), "127.0.0.1:5201");
-    ASSERT_EQ(parseAddress("::1", 5201, &out, &len), 0);
-    EXPECT_EQ(addressText(sa(out)), "[::1]:5201");
-    ASSERT_EQ(parseAddress("[::1]", 7, &out, &len), 0);
-    EXPECT_EQ(addressText(sa(out)), "[::1]:7");
-}
-
-TEST(Address, RejectsWhatIsNotAnAddress)
-{
-    sockaddr_storage out;
-    socklen_t len;
-    for (const char *bad :
-         {"", "localhost", "1.2.3.4:", "1.2.3.4:65536", "1.2.3.4:-1", "1.2.3.4:80x", "[::1",
-          "[::1]x", "[::1]:", "[1.2.3.4]:80", "1.2.3.4.5", "[::1]:123456", "::1]:80"})
-        EXPECT_EQ(parseAddress(bad, 80, &out, &len), -EINVAL) << bad;
-    EXPECT_EQ(parseAddress("1.2.3.4", -1, &out, &len), -EINVAL);
-    EXPECT_EQ(parseAddress(nullptr, 80, &out, &len), -EINVAL);
 }
