@@ -29,20 +29,10 @@ int parseNumber(const std::string &s, int lo, int hi)
     return n >= lo && n <= hi ? n : -1;
 }
 
-// A numeric variable, in the syntax and range the registry (configvars.h) gives it; def when
-// unset, and when invalid (logged, as the registry's getters do).
+// A numeric variable from env, parsed and checked by the registry (configvars.h).
 int envInt(const EnvLookup &env, const char *name, int def)
 {
-    const char *v = env(name);
-    const config::ConfigVar *var = config::find(name);
-    int64_t n;
-    if (!v || !*v || !var)
-        return def;
-    if (config::parse(*var, v, &n) < 0) {
-        RS_LOG(Warn, "ignoring %s=%s: invalid or out of range", name, v);
-        return def;
-    }
-    return static_cast<int>(n);
+    return static_cast<int>(config::valueOf(name, env(name), def));
 }
 
 int envDefault(const char *name)

@@ -123,12 +123,16 @@ int read(const char *name, int64_t *out)
 
 int64_t getInt(const char *name, int64_t fallback)
 {
+    return valueOf(name, std::getenv(name), fallback);
+}
+
+int64_t valueOf(const char *name, const char *text, int64_t fallback)
+{
     const ConfigVar *var = find(name);
     if (!var) {
         RS_LOG(Error, "internal error: %s is not in the configuration table", name);
         return fallback;
     }
-    const char *text = std::getenv(name);
     int64_t v;
     const int rc = parse(*var, text, &v);
     if (rc == 0)

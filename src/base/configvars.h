@@ -102,6 +102,8 @@ int read(const char *name, int64_t *out);
 int64_t getInt(const char *name);
 // The same with a default the caller chooses at run time (RSTREAM_PORT_OFFSET is 0 on verbs).
 int64_t getInt(const char *name, int64_t fallback);
+// The same for text that comes from elsewhere than the environment (a caller's lookup, a test).
+int64_t valueOf(const char *name, const char *text, int64_t fallback);
 bool getFlag(const char *name);
 // The text, or nullptr when unset or empty. Allocates nothing; logs only a name not in the table.
 const char *getString(const char *name);
