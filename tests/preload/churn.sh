@@ -27,16 +27,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-fail() {
-	echo "FAIL: $*"
-	local f
-	for f in "$work"/*.log; do
-		[ -f "$f" ] || continue
-		echo "---- ${f#"$work"/}"
-		tail -n 20 "$f"
-	done
-	exit 1
-}
+# shellcheck source-path=SCRIPTDIR source=../lib/fail.sh
+. "$(dirname "$0")/../lib/fail.sh"
 
 # port_listening and pick_port.
 # shellcheck source-path=SCRIPTDIR source=../lib/ports.sh

@@ -19,15 +19,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-fail() {
-	echo "FAIL: $*"
-	for f in "$work"/*.log; do
-		[ -f "$f" ] || continue
-		echo "---- ${f#"$work"/}"
-		tail -n 20 "$f"
-	done
-	exit 1
-}
+# shellcheck source-path=SCRIPTDIR source=../lib/fail.sh
+. "$(dirname "$0")/../lib/fail.sh"
 
 # shellcheck source-path=SCRIPTDIR source=../lib/ports.sh
 . "$(dirname "$0")/../lib/ports.sh"

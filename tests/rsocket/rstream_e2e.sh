@@ -10,26 +10,19 @@ lib=$(realpath "${2:?usage: $0 RSTREAM_PROGRAM LIBRSTREAM_SO}")
 size=65536
 count=1000
 
-tmp=$(mktemp -d)
+work=$(mktemp -d)
 server_pid=
 cleanup() {
 	if [ -n "$server_pid" ]; then
 		kill "$server_pid" 2>/dev/null || true
 		wait "$server_pid" 2>/dev/null || true
 	fi
-	rm -rf "$tmp"
+	rm -rf "$work"
 }
 trap cleanup EXIT
 
-fail() {
-	echo "FAIL: $*"
-	for f in "$tmp"/*.log; do
-		[ -f "$f" ] || continue
-		echo "---- $(basename "$f")"
-		tail -n 30 "$f"
-	done
-	exit 1
-}
+# shellcheck source-path=SCRIPTDIR source=../lib/fail.sh
+. "$(dirname "$0")/../lib/fail.sh"
 
 # port_listening and pick_port.
 # shellcheck source-path=SCRIPTDIR source=../lib/ports.sh
@@ -40,9 +33,9 @@ fail() {
 if [ -z "$(ls -A /sys/class/infiniband 2>/dev/null)" ]; then
 	port=$(pick_port 0 12000 100)
 	rc=0
-	timeout 10 "$prog" -b 127.0.0.1 -f ip -p "$port" -S "$size" -C 1 >"$tmp/plain.log" 2>&1 || rc=$?
+	timeout 10 "$prog" -b 127.0.0.1 -f ip -p "$port" -S "$size" -C 1 >"$work/plain.log" 2>&1 || rc=$?
 	[ "$rc" -ne 0 ] || fail "rstream without the preload succeeded although there is no RDMA device"
-	grep -q "No RDMA devices were detected" "$tmp/plain.log" ||
+	grep -q "No RDMA devices were detected" "$work/plain.log" ||
 		fail "rstream without the preload failed for another reason (rc $rc)"
 	echo "without the preload: fails as expected (rc $rc, no RDMA devices)"
 else
@@ -56,9 +49,9 @@ run_pair() {
 	local attempt rc
 	for attempt in 1 2 3 4 5; do
 		port=$(pick_port 0 12000 100) || fail "no free port"
-		rm -f "$tmp"/ld.*
+		rm -f "$work"/ld.*
 		LD_PRELOAD="$lib" timeout 60 "$prog" -b 127.0.0.1 -f ip -p "$port" -S "$size" \
-			-C "$count" "$@" >"$tmp/$name-server.log" 2>&1 &
+			-C "$count" "$@" >"$work/$name-server.log" 2>&1 &
 		server_pid=$!
 		for _ in $(seq 200); do
 			port_listening "$port" && break
@@ -72,15 +65,15 @@ run_pair() {
 		rc=0
 		wait "$server_pid" || rc=$?
 		server_pid=
-		grep -q "Address already in use" "$tmp/$name-server.log" ||
+		grep -q "Address already in use" "$work/$name-server.log" ||
 			fail "$name: the server did not listen on port $port (rc $rc)"
 	done
 	[ -n "$server_pid" ] || fail "$name: no port could be bound"
 
 	rc=0
-	LD_DEBUG=bindings LD_DEBUG_OUTPUT="$tmp/ld" LD_PRELOAD="$lib" timeout 60 "$prog" \
+	LD_DEBUG=bindings LD_DEBUG_OUTPUT="$work/ld" LD_PRELOAD="$lib" timeout 60 "$prog" \
 		-s 127.0.0.1 -f ip -p "$port" -S "$size" -C "$count" "$@" \
-		>"$tmp/$name-client.log" 2>&1 || rc=$?
+		>"$work/$name-client.log" 2>&1 || rc=$?
 	[ "$rc" -eq 0 ] || fail "$name: client exited with $rc"
 	rc=0
 	wait "$server_pid" || rc=$?
@@ -88,17 +81,17 @@ run_pair() {
 	[ "$rc" -eq 0 ] || fail "$name: server exited with $rc"
 
 	# The result line: name, transfer size, count, iterations, total bytes, time, Gb/s, us/xfer.
-	grep -qE '^custom +64k +1k +1 +125m ' "$tmp/$name-client.log" ||
+	grep -qE '^custom +64k +1k +1 +125m ' "$work/$name-client.log" ||
 		fail "$name: no result line in the client output"
-	grep -qE '^custom +64k +1k +1 +125m ' "$tmp/$name-server.log" ||
+	grep -qE '^custom +64k +1k +1 +125m ' "$work/$name-server.log" ||
 		fail "$name: no result line in the server output"
 	# The client's rsocket calls were bound to librstream.so, not to librdmacm.
 	local sym
 	for sym in rsocket rconnect rsend rrecv rpoll rclose; do
-		grep -hqE "to ${lib//./\\.} \[[0-9]+\]: normal symbol \`$sym'" "$tmp"/ld.* ||
+		grep -hqE "to ${lib//./\\.} \[[0-9]+\]: normal symbol \`$sym'" "$work"/ld.* ||
 			fail "$name: $sym was not bound to librstream.so"
 	done
-	echo "$name: $(grep -E '^custom' "$tmp/$name-client.log")"
+	echo "$name: $(grep -E '^custom' "$work/$name-client.log")"
 }
 
 run_pair nonblocking -T v
