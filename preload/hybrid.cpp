@@ -148,23 +148,15 @@ HybridSocket::Wait HybridSocket::wait(int flags)
 
 ssize_t HybridSocket::send(const iovec *iov, int iovcnt, int flags)
 {
-    std::shared_ptr<Socket> s;
-    Mode m;
-    if (int r = settledSnapshot(wait(flags), &s, &m); r < 0)
-        return r;
-    if (m == Mode::Inherited)
-        return -EIO;
-    if (m == Mode::Kernel)
-        return kernelIo(true, iov, iovcnt, flags); // fell back while this waited
-    if (m != Mode::Fabric)
-        return -ENOTSOCK; // the shim forwards other modes to the kernel
-    ssize_t r = s->send(iov, iovcnt, flags);
-    if (r > 0)
-        bytes_->sent.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
-    return r;
+    return io(true, iov, iovcnt, flags);
 }
 
 ssize_t HybridSocket::recv(const iovec *iov, int iovcnt, int flags)
+{
+    return io(false, iov, iovcnt, flags);
+}
+
+ssize_t HybridSocket::io(bool out, const iovec *iov, int iovcnt, int flags)
 {
     std::shared_ptr<Socket> s;
     Mode m;
@@ -173,11 +165,13 @@ ssize_t HybridSocket::recv(const iovec *iov, int iovcnt, int flags)
     if (m == Mode::Inherited)
         return -EIO;
     if (m == Mode::Kernel)
-        return kernelIo(false, iov, iovcnt, flags);
+        return kernelIo(out, iov, iovcnt, flags); // fell back while this waited
     if (m != Mode::Fabric)
-        return -ENOTSOCK;
-    ssize_t r = s->recv(iov, iovcnt, flags);
-    if (r > 0 && !(flags & MSG_PEEK))
+        return -ENOTSOCK; // the shim forwards other modes to the kernel
+    ssize_t r = out ? s->send(iov, iovcnt, flags) : s->recv(iov, iovcnt, flags);
+    if (r > 0 && out)
+        bytes_->sent.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
+    else if (r > 0 && !(flags & MSG_PEEK))
         bytes_->received.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
     return r;
 }

@@ -127,6 +127,8 @@ private:
     };
     int settledSnapshot(Wait wait, std::shared_ptr<Socket> *s, Mode *m);
     Wait wait(int flags); // for send and recv
+    // send (out) or recv on the engine, or on the kernel fd after a fallback.
+    ssize_t io(bool out, const iovec *iov, int iovcnt, int flags);
     // recvmsg and sendmsg on the kernel fd, for a socket that fell back while the caller waited.
     ssize_t kernelIo(bool out, const iovec *iov, int iovcnt, int flags);
     std::shared_ptr<Socket> socket();
