@@ -43,3 +43,10 @@ if [ $# -ge 2 ]; then
 	fi
 	echo "librstream.so holds none of the shim's $(echo "$shim" | wc -l) symbols"
 fi
+# And by name, whatever the archive holds today: the shim's namespace and its classes.
+named=$(nm -C --defined-only "$lib" | grep -E 'rstream::shim::|HybridSocket|ShimConfig|ConnRecord|shimStats' || true)
+if [ -n "$named" ]; then
+	echo "librstream.so contains the shim's code:"
+	echo "$named" | head -20
+	exit 1
+fi
