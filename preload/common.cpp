@@ -74,7 +74,7 @@ std::shared_ptr<HybridSocket> unlessKernel(std::shared_ptr<HybridSocket> s)
     if (!s)
         return nullptr;
     s->settle();
-    return s->mode() == HybridSocket::Mode::Kernel ? nullptr : s;
+    return s->mode() == HybridSocket::Mode::Kernel && !s->upgradePending() ? nullptr : s;
 }
 
 } // namespace
@@ -119,6 +119,20 @@ void Shim::trackKernelAccept(int listenFd, int fd, bool dual)
             if (!listener || !listener->kernelListener(&why)) {
                 errno = saved;
                 return;
+            }
+        }
+        if (dual) {
+            // Served by a listener of ours: the client may offer an in-band upgrade, which the
+            // process that does the first I/O takes (decided, and counted, then).
+            auto listener = sockets_.get(listenFd);
+            const int fl = sys::fcntl(fd, F_GETFL);
+            if (listener && fl >= 0) {
+                auto s = HybridSocket::acceptedKernel(fd, listener->family(), fl & O_NONBLOCK,
+                                                      shimConfig());
+                if (installSocket(fd, std::move(s))) {
+                    errno = saved;
+                    return;
+                }
             }
         }
         sockaddr_storage local{};

@@ -10,6 +10,7 @@
 #include "configvars.h"
 #include "crash.h"
 #include "shim_object.h"
+#include "upgrade.h"
 
 namespace rstream::shim {
 
@@ -31,32 +32,29 @@ extern "C" __attribute__((used)) void rstreamDebugDump()
 void inChild()
 {
     logAfterFork(); // before this handler logs: a %p log file is the child's own
-    bool used = false;
     try {
         EngineCall ec;
-        used = engineUsed();
         // The fabric connections belong to the parent; the child's copies of the fds only
-        // report EIO and never tear the parent's connections down.
+        // report EIO and never tear the parent's connections down. Kernel connections still
+        // to be upgraded come along: the child upgrades them at its first I/O, on an engine of
+        // its own (the engine and the upgrade listeners start over in the child).
         shim().forEachSocket([](HybridSocket &s) { s.markInherited(); });
+        UpgradeListener::forgetAfterFork();
     } catch (...) {
         noteInternalError();
     }
-    // The engine's threads did not survive the fork: new sockets stay on kernel TCP.
-    if (used) {
-        shim().childKernelOnly();
-        RS_LOG(Info, "preload: fork child of a process that used the fabric: its new sockets "
-                     "stay on kernel TCP (fork_child), untracked");
-    }
+    if (engineUsed())
+        RS_LOG(Debug, "preload: fork child of a process that used the fabric: the parent's "
+                      "fabric connections are not the child's (EIO); new ones are");
 }
 
 void inParent()
 {
     try {
         EngineCall ec;
-        // A listener now shared with a child (prefork servers) must not have fabric
-        // connections answered in the background: if the parent never accepts, its fabric
-        // clients would wait forever. Unanswered, they give up after the connect timeout and
-        // use kernel TCP, which the children accept.
+        // A listener now shared with a child (prefork and fork-per-connection servers) defers
+        // its fabric connection requests: the peers connect over kernel TCP and upgrade in
+        // whichever process serves the connection.
         shim().forEachSocket([](HybridSocket &s) { s.onForkParent(); });
     } catch (...) {
         noteInternalError();

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <fcntl.h>
 #include <new>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "fabric.h"
@@ -33,6 +35,13 @@ std::vector<std::shared_ptr<Socket>> &inheritedSockets()
 bool engineUsed()
 {
     return gEngineUsed.load(std::memory_order_relaxed);
+}
+
+Settings upgradeSettings()
+{
+    Settings s = Settings::fromEnv();
+    s.upgrade = true;
+    return s;
 }
 
 void noteEngineUsed()
@@ -164,6 +173,11 @@ ssize_t HybridSocket::io(bool out, const iovec *iov, int iovcnt, int flags)
         return r;
     if (m == Mode::Inherited)
         return -EIO;
+    if (m == Mode::Kernel && upgradePending()) {
+        if (int r = upgradeStep(out, flags); r < 0)
+            return r;
+        std::tie(s, m) = snapshot();
+    }
     if (m == Mode::Kernel)
         return kernelIo(out, iov, iovcnt, flags); // fell back while this waited
     if (m != Mode::Fabric)
@@ -258,7 +272,7 @@ int HybridSocket::getsockopt(int level, int name, void *val, socklen_t *len)
 int HybridSocket::getsockname(sockaddr *addr, socklen_t *len)
 {
     auto [s, m] = snapshot();
-    if (m != Mode::Fabric || !s)
+    if (m != Mode::Fabric || !s || upgraded_)
         return sys::getsockname(fd_, addr, len); // also while waiting for libfabric to load
     int r = s->localAddress(addr, len);
     if (r == 0 && accepted_ && appPort_ && addr)
@@ -279,7 +293,7 @@ int HybridSocket::getpeername(sockaddr *addr, socklen_t *len)
         peer = peer_;
         plen = peerLen_;
     }
-    if (m != Mode::Fabric)
+    if (m != Mode::Fabric || (s && upgraded_))
         return sys::getpeername(fd_, addr, len);
     if (!s)
         return -ENOTCONN; // connecting: waiting for libfabric to load
@@ -300,6 +314,10 @@ int HybridSocket::getpeername(sockaddr *addr, socklen_t *len)
 int HybridSocket::fionread(int *bytes)
 {
     auto [s, m] = snapshot();
+    if (m == Mode::Kernel) {
+        // Still to be upgraded: the kernel's count (an upgrade message not read yet counts).
+        return ::syscall(SYS_ioctl, fd_, FIONREAD, bytes) < 0 ? -errno : 0;
+    }
     if (m != Mode::Fabric)
         return -ENOTTY;
     if (!s) {
@@ -311,7 +329,9 @@ int HybridSocket::fionread(int *bytes)
 
 void HybridSocket::onFdClosed(int fd)
 {
-    if (mode() != Mode::Kernel)
+    // Still to be upgraded: this process never used it (a fork-per-connection parent closing
+    // its copy); the process that does counts it.
+    if (mode() != Mode::Kernel || upgradePending())
         return;
     if (fd == fd_)
         countFallbackIfEstablished();
@@ -336,6 +356,8 @@ bool HybridSocket::kernelListener(Fallback *why)
 
 void HybridSocket::countFallbackIfEstablished()
 {
+    if (upgradePending())
+        return; // counted when the upgrade is decided
     std::lock_guard<std::mutex> lock(mutex_);
     if (fallbackCounted_ || kernelListener_)
         return;
@@ -354,6 +376,7 @@ void HybridSocket::markInherited()
     // Runs in a fork child, where only the forking thread exists: a lock another parent thread
     // held at the fork would never be released, so the mutex starts over.
     new (&mutex_) std::mutex();
+    new (&upgradeMutex_) std::mutex();
     std::lock_guard<std::mutex> lock(mutex_);
     noFabric_ = true;
     // A fabric attempt in progress stays the parent's: the child's copy is inherited.
@@ -377,7 +400,7 @@ void HybridSocket::onForkParent()
         s = sock_;
     }
     if (s)
-        s->setBackgroundAccept(false);
+        s->setDeferring(true);
 }
 
 int HybridSocket::kernelPollNow(int events)
@@ -456,7 +479,7 @@ uint64_t HybridSocket::generation(int events)
 
 int HybridSocket::kernelFd()
 {
-    return mode() == Mode::Kernel ? fd_ : -1;
+    return mode() == Mode::Kernel && !upgradePending() ? fd_ : -1;
 }
 
 std::string HybridSocket::debugState()

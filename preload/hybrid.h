@@ -42,7 +42,23 @@ public:
     HybridSocket(const HybridSocket &) = delete;
     HybridSocket &operator=(const HybridSocket &) = delete;
 
+    // A connection the kernel accepted on a listener of ours: kernel TCP, upgraded in-band to
+    // the fabric at its first I/O in whichever process does it, when the client offers.
+    static std::shared_ptr<HybridSocket> acceptedKernel(int fd, int family, bool nonblocking,
+                                                        const ShimConfig &config);
+
     int fd() const { return fd_; }
+    // Kernel TCP with an in-band upgrade still possible (client or server side): the shim
+    // routes its calls here, and pollers treat it as an engine socket until it is decided.
+    bool upgradePending() const
+    {
+        return upgrade_.load(std::memory_order_acquire) != Upgrade::None;
+    }
+    // For exec: the upgrade state worth carrying into the new program ('s': a server socket that
+    // has not seen its peer's first bytes, 'c': a client that has not sent its HELLO), or 0.
+    char inheritableUpgrade();
+    // In the new program: takes that state over.
+    void adoptInherited(char state);
     int family() const { return family_; }
     Mode mode() const { return mode_.load(std::memory_order_acquire); }
     // A nonblocking connect tries the fabric in the background: the socket answers as a
@@ -102,6 +118,36 @@ public:
     void noteExit();
 
 private:
+    // The in-band upgrade (upgrade_wire.h).
+    enum class Upgrade : uint8_t
+    {
+        None,         // decided: nothing more to do
+        Offer,        // client: HELLO goes out at the first I/O
+        AwaitReply,   // client: HELLO sent, the server's first bytes decide
+        StripReply,   // client: gave up (CANCEL sent); a late ACCEPT or DECLINE is dropped
+        Maybe,        // server: the client's first bytes may be a HELLO
+        ExpectCancel, // server: HELLO seen and not followed up; a CANCEL may follow
+    };
+    // Runs the upgrade as far as it goes before an I/O: 0 to go on (with whatever mode it
+    // left), or -errno for the caller (-EAGAIN, -EINTR, ...).
+    int upgradeStep(bool out, int flags);
+    int clientUpgradeLocked(int flags);
+    int serverUpgradeLocked(bool out, int flags);
+    int serveUpgradeLocked();
+    // Reads the first bytes of the kernel stream without taking them: > 0, 0 at EOF, -errno.
+    ssize_t peekKernel(void *buf, size_t len, bool wait);
+    // Takes len bytes that a peek showed.
+    void consumeKernel(size_t len);
+    bool sendUpgradeMessage(int type, uint16_t port = 0, uint64_t token = 0);
+    // The upgrade is over: the connection stays on kernel TCP, counted as a fallback for why.
+    void stayKernelLocked(Fallback why, const char *detail);
+    // The upgrade is over: the connection continues on s (accepted: the server side).
+    void adoptUpgradedLocked(std::shared_ptr<Socket> s, bool accepted);
+    bool upgradeBlocking(int flags) const
+    {
+        return !nonblocking() && !(flags & MSG_DONTWAIT);
+    }
+
     struct Option
     {
         int level;
@@ -137,7 +183,7 @@ private:
     void settleSlow();
     void adoptFabricLocked(const sockaddr *addr, socklen_t len, int fport);
     int connectKernel(const sockaddr *addr, socklen_t len, bool inet, Fallback why, int port,
-                      const std::string &key, int fabricErr);
+                      const std::string &key, int fabricErr, bool offer = false);
     struct Pending
     {
         sockaddr_storage addr{}; // the application's destination
@@ -176,11 +222,17 @@ private:
     std::unique_ptr<ConnRecord> record_; // once connected: statistics and the live export
     // record_'s byte counters, set before the mode turns Fabric (the data path adds to them).
     exportfile::ByteCounters *bytes_ = nullptr;
-    bool accepted_ = false; // from a fabric listener
+    bool accepted_ = false; // from a fabric listener (or the server side of an upgrade)
+    bool upgraded_ = false; // moved to the fabric in-band: the kernel fd has the addresses
     int appPort_ = 0;       // the application's listening port (fabric listeners use another)
     bool noFabric_ = false; // inherited across fork: kernel TCP only
     int rcvTimeoutMs_ = -1;
     std::atomic<bool> acceptFabricFirst_{true};
+    std::atomic<Upgrade> upgrade_{Upgrade::None};
+    std::mutex upgradeMutex_;     // one upgrade step at a time; taken before mutex_
+    int64_t upgradeDeadlineMs_ = 0; // AwaitReply: when the client gives up
+    bool serverWrote_ = false;    // Maybe: the server wrote first, so it cannot answer a HELLO
+    bool helloSeen_ = false;      // server: the client offered (for the fallback reason)
 };
 
 } // namespace rstream::shim

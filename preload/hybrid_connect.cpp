@@ -46,17 +46,15 @@ int HybridSocket::connectFabric(const sockaddr *addr, socklen_t len, std::shared
         std::vector<pollfd> fds;
         if (s->prepareWait(&fds, POLLOUT) == -EAGAIN)
             continue;
-        int wait = static_cast<int>(std::min<int64_t>(left, 100));
+        int wait = static_cast<int>(std::min<int64_t>(left, 10));
         timespec ts{0, wait * 1000000L};
         sys::ppoll(fds.data(), fds.size(), &ts, nullptr);
     }
     int err = 0;
     socklen_t elen = sizeof(err);
     s->getsockopt(SOL_SOCKET, SO_ERROR, &err, &elen);
-    if (err)
-        return -err;
-    *out = std::move(s);
-    return 0;
+    *out = std::move(s); // also when it failed: the caller may ask why (connectDeferred)
+    return -err;
 }
 
 int HybridSocket::connect(const sockaddr *addr, socklen_t len)
@@ -111,6 +109,7 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
     Fallback why = Fallback::None;
     std::string key; // the fabric destination
     int fabricErr = 0;
+    bool offer = false; // the listener deferred: offer the in-band upgrade
     if (noFabric_) {
         why = Fallback::ForkChild;
     } else if (!usable || !fport) {
@@ -166,14 +165,19 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
                 // A nonblocking connect reports progress the way TCP does; POLLOUT is ready.
                 return nonblocking() ? -EINPROGRESS : 0;
             }
-            negativeCache().add(key, config_.negativeCacheMs);
-            why = r == -ECONNREFUSED ? Fallback::Refused
-                  : r == -ETIMEDOUT  ? Fallback::Timeout
-                                     : Fallback::ProviderError;
+            if (r == -ECONNREFUSED && s && s->connectDeferred()) {
+                why = Fallback::NotUpgraded; // until the upgrade succeeds
+                offer = true;
+            } else {
+                negativeCache().add(key, config_.negativeCacheMs);
+                why = r == -ECONNREFUSED ? Fallback::Refused
+                      : r == -ETIMEDOUT  ? Fallback::Timeout
+                                         : Fallback::ProviderError;
+            }
             fabricErr = -r;
         }
     }
-    return connectKernel(addr, len, inet, why, port, key, fabricErr);
+    return connectKernel(addr, len, inet, why, port, key, fabricErr, offer);
 }
 
 void HybridSocket::adoptFabricLocked(const sockaddr *addr, socklen_t len, int fport)
@@ -196,14 +200,24 @@ void HybridSocket::adoptFabricLocked(const sockaddr *addr, socklen_t len, int fp
 }
 
 int HybridSocket::connectKernel(const sockaddr *addr, socklen_t len, bool inet, Fallback why,
-                                int port, const std::string &key, int fabricErr)
+                                int port, const std::string &key, int fabricErr, bool offer)
 {
     // Kernel TCP on the application's own fd, with the options it set already applied.
     {
         std::lock_guard<std::mutex> lock(mutex_);
         fallback_ = why;
+        if (offer) {
+            // The listener's process runs the shim and deferred: the upgrade is offered in-band
+            // at the first I/O, to the address the application connected to.
+            peerLen_ = std::min<socklen_t>(len, sizeof(peer_));
+            std::memcpy(&peer_, addr, peerLen_);
+            upgrade_.store(Upgrade::Offer, std::memory_order_release);
+        }
     }
-    if (inet)
+    if (offer)
+        RS_LOG_FD(Debug, fd_, "kernel TCP to %s, to be upgraded in-band (the listener deferred)",
+                  describe(addr).c_str());
+    else if (inet)
         RS_LOG_FD(Info, fd_, "kernel TCP to %s: %s (%s)", describe(addr).c_str(), fallbackName(why),
                   fallbackDetail(why, port, key, fabricErr, config_.connectTimeoutMs).c_str());
     mode_.store(Mode::Kernel, std::memory_order_release);
@@ -227,7 +241,7 @@ int HybridSocket::connectKernel(const sockaddr *addr, socklen_t len, bool inet, 
 int HybridSocket::startFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out)
 {
     noteEngineUsed();
-    auto s = std::make_shared<Socket>(family_);
+    auto s = std::make_shared<Socket>(family_, upgradeSettings());
     std::vector<Option> options;
     {
         // Another thread may be setting one (settle() can start an attempt).
@@ -333,12 +347,15 @@ void HybridSocket::settleSlow()
         // have done at once.
         sock_.reset();
     }
-    negativeCache().add(p->key, config_.negativeCacheMs);
-    const Fallback why = st == -ECONNREFUSED ? Fallback::Refused
-                         : st == -ETIMEDOUT  ? Fallback::Timeout
-                                             : Fallback::ProviderError;
+    const bool offer = st == -ECONNREFUSED && s && s->connectDeferred();
+    if (!offer)
+        negativeCache().add(p->key, config_.negativeCacheMs);
+    const Fallback why = offer                 ? Fallback::NotUpgraded
+                         : st == -ECONNREFUSED ? Fallback::Refused
+                         : st == -ETIMEDOUT    ? Fallback::Timeout
+                                               : Fallback::ProviderError;
     int r = connectKernel(reinterpret_cast<sockaddr *>(&p->addr), p->len, true, why, p->port,
-                          p->key, -st);
+                          p->key, -st, offer);
     if (r < 0 && r != -EINPROGRESS) {
         // Failed at once (nothing listens on kernel TCP either): reported by SO_ERROR and
         // connect() as the kernel would have after a nonblocking connect.
@@ -350,8 +367,9 @@ void HybridSocket::settleSlow()
 
 void HybridSocket::recordKernelLocked(const sockaddr *peer, socklen_t peerLen)
 {
-    if (record_ || (peer->sa_family != AF_INET && peer->sa_family != AF_INET6))
-        return;
+    if (record_ || (peer->sa_family != AF_INET && peer->sa_family != AF_INET6) ||
+        upgradePending())
+        return; // an upgrade makes its record when it is decided
     sockaddr_storage local{};
     socklen_t llen = sizeof(local);
     if (sys::getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen) != 0)

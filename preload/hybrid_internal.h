@@ -4,12 +4,17 @@
 
 #include <string>
 
+#include "settings.h"
 #include "statexport.h"
 
 namespace rstream::shim {
 
 // The fabric is about to be used by this process (see engineUsed()).
 void noteEngineUsed();
+
+// The engine's settings for the shim's fabric sockets: their connects can take a Defer
+// refusal, their listeners defer other processes' connects (Settings::upgrade).
+Settings upgradeSettings();
 
 // What the log says about a fallback (formatted only when the line is written). where: the
 // fabric address (connects) or port (listeners) concerned; err: the fabric's errno.

@@ -46,7 +46,7 @@ int HybridSocket::listen(int backlog)
         why = Fallback::Ports;
     } else {
         noteEngineUsed();
-        s = std::make_shared<Socket>(family_);
+        s = std::make_shared<Socket>(family_, upgradeSettings());
         applyOptions(*s);
         s->setNonblocking(true);
         sockaddr_storage faddr = local;

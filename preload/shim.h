@@ -149,9 +149,11 @@ struct ShimEpoll : EpollSet
 const ShimConfig &shimConfig();
 int spinUs();
 // Whether a mode carries data through the engine (else the kernel fd answers).
-inline bool dataMode(HybridSocket::Mode m)
+inline bool dataMode(const HybridSocket &s)
 {
-    return m == HybridSocket::Mode::Fabric || m == HybridSocket::Mode::Inherited;
+    const HybridSocket::Mode m = s.mode();
+    return m == HybridSocket::Mode::Fabric || m == HybridSocket::Mode::Inherited ||
+           (m == HybridSocket::Mode::Kernel && s.upgradePending());
 }
 // The pollable behind fd for the poller (SocketResolver): the shim's table, through shim().
 std::shared_ptr<Pollable> resolvePollable(int fd);

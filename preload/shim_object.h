@@ -110,8 +110,6 @@ public:
     // Calls f once for every distinct socket in the table (dups share one object).
     template <class F>
     void forEachSocket(F &&f);
-    // A fork child whose parent had used the engine: its new sockets stay on kernel TCP.
-    void childKernelOnly() { childKernelOnly_.store(true, std::memory_order_relaxed); }
 
 private:
     // The socket at fd when fd is ours, the caller (return address ra) is the program's and
@@ -178,7 +176,6 @@ private:
     // One past the highest fd ever installed in sockets_: the bound for walks over the table
     // (stats, fork). Zero at start, as everything here: the object lives in .bss.
     std::atomic<int> fdBound_{0};
-    std::atomic<bool> childKernelOnly_{false};
 };
 
 extern constinit Shim gShim;
@@ -218,7 +215,7 @@ inline int Shim::close(const void *ra, int fd)
 inline std::shared_ptr<HybridSocket> Shim::dataSocket(int fd, const void *ra)
 {
     auto s = engineSocket(fd, ra);
-    if (s && !dataMode(s->mode()))
+    if (s && !dataMode(*s))
         return nullptr;
     return s;
 }

@@ -23,8 +23,7 @@ int quiet(F &&f)
 bool Shim::candidate(int domain, int type, int protocol) const
 {
     return (domain == AF_INET || domain == AF_INET6) && (type & 0xf) == SOCK_STREAM &&
-           (protocol == 0 || protocol == IPPROTO_TCP) &&
-           !childKernelOnly_.load(std::memory_order_relaxed);
+           (protocol == 0 || protocol == IPPROTO_TCP);
 }
 
 // A new fd from the kernel: internal callers' go high, the program's replace stale entries.
@@ -334,7 +333,7 @@ int Shim::ioctl(const void *ra, int fd, unsigned long request, void *arg)
                     return s->setFlags(on ? flags | O_NONBLOCK : flags & ~O_NONBLOCK);
                 });
             }
-            if (dataMode(s->mode())) {
+            if (dataMode(*s)) {
                 return quiet([&]() -> int {
                     if (!arg)
                         return -EFAULT;

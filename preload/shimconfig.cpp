@@ -60,6 +60,8 @@ ShimConfig ShimConfig::parse(const EnvLookup &env, int defaultPortOffset, int co
     c.connectTimeoutMs = connectTimeoutMs;
     c.negativeCacheMs =
         envInt(env, "RSTREAM_NEGATIVE_CACHE_MS", envDefault("RSTREAM_NEGATIVE_CACHE_MS"));
+    c.upgradeTimeoutMs =
+        envInt(env, "RSTREAM_UPGRADE_TIMEOUT_MS", envDefault("RSTREAM_UPGRADE_TIMEOUT_MS"));
     if (const char *ports = env("RSTREAM_PORTS")) {
         // "5201,6379,7000-7100"
         std::string s(ports);

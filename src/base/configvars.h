@@ -65,10 +65,14 @@ inline constexpr ConfigVar kConfigVars[] = {
     {"RSTREAM_EXCLUDE", Kind::Text, 0, 0, "", "shim: destinations never offloaded"},
     {"RSTREAM_NEGATIVE_CACHE_MS", Kind::Number, 0, 86400000, "30000",
      "shim: how long a failed fabric destination uses kernel TCP (0: never cached)"},
+    {"RSTREAM_UPGRADE_TIMEOUT_MS", Kind::Number, 10, 600000, "1000",
+     "shim: how long an in-band upgrade to the fabric waits for the peer, then kernel TCP"},
     {"RSTREAM_STATS", Kind::Text, 0, 0, "", "shim: statistics file written at exit (%p = pid)"},
     {"RSTREAM_EXPORT", Kind::Flag, 0, 1, "1", "shim: 0 keeps the process out of rstream-stat"},
     {"RSTREAM_NOFILE_ORIG", Kind::Number, 1, INT64_MAX, "",
      "set by the shim for its exec'd programs: the original RLIMIT_NOFILE soft limit"},
+    {"RSTREAM_INHERIT", Kind::Text, 0, 0, "",
+     "set by the shim for its exec'd programs: inherited connections still to be upgraded"},
 };
 
 inline constexpr std::span<const ConfigVar> vars()

@@ -33,11 +33,13 @@ enum class Fallback : uint8_t
     KernelPeer,    // accepted from a peer that connected over kernel TCP
     Unsupported,   // an address or port the fabric cannot serve
     ForkChild,     // a socket of a fork child, whose parent used the fabric
+    NotUpgraded,   // deferred to kernel TCP by the listener, and the in-band upgrade was not made
     Count
 };
 constexpr const char *kFallbackNames[] = {
     "none",           "refused",   "timeout",     "excluded",    "ports",     "negative_cache",
-    "provider_error", "port_busy", "kernel_peer", "unsupported", "fork_child"};
+    "provider_error", "port_busy", "kernel_peer", "unsupported", "fork_child",
+    "not_upgraded"};
 static_assert(sizeof(kFallbackNames) / sizeof(kFallbackNames[0]) ==
               static_cast<size_t>(Fallback::Count));
 constexpr int kFallbackCount = static_cast<int>(Fallback::Count);

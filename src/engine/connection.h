@@ -68,6 +68,9 @@ public:
     int connect(const sockaddr *addr, socklen_t len, bool nonblock = false);
     // 0 once established, -EINPROGRESS while connecting, -errno if it failed (kept sticky).
     int connectResult();
+    // The failed connect was refused with a Defer refusal (upgrade_wire.h): the listener's
+    // process runs the shim and takes the connection over kernel TCP, to upgrade it there.
+    bool refusedWithDefer() const { return deferred_.load(std::memory_order_acquire); }
 
     // Bytes sent (maybe fewer than len), or -EAGAIN/-EPIPE/-ECONNRESET/-ENOTCONN/-EINTR/-ETIMEDOUT.
     // timeoutMs < 0 waits forever; ignored with kNonBlock.
@@ -320,6 +323,7 @@ private:
     bool iwarp_ = false;
     bool peerShutWr_ = false; // EOF arrives after the ring drains
     bool peerGone_ = false;   // the provider reported the endpoint shut down
+    std::atomic<bool> deferred_{false}; // refused with a Defer refusal
     bool shutWr_ = false;     // we want SHUT_WR sent after the data
     bool shutWrSent_ = false;
     bool disconnectSent_ = false;

@@ -4,11 +4,13 @@
 #include "fabric.h"
 
 #include <arpa/inet.h>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <pthread.h>
 #include <netinet/in.h>
 #include <sys/random.h>
 
@@ -24,6 +26,25 @@ constexpr uint32_t kApiVersion = FI_VERSION(1, 17);
 std::mutex gDomainsMutex;
 std::map<std::string, std::weak_ptr<Domain>> gDomains;
 std::map<std::string, fid_fabric *> gFabrics; // fabrics live for the process
+
+// A fork child opens a fabric and domain of its own: the parent's share its provider state (fds,
+// progress sets) with the parent, and the parent's connections, inherited, keep them alive
+// untouched. So the child forgets them here (they are never closed there).
+std::atomic<uint32_t> gNonce{0};
+
+void forgetDomainsInChild()
+{
+    gNonce.store(0, std::memory_order_relaxed);
+    new (&gDomainsMutex) std::mutex();
+    // Leaked on purpose: destroying the entries would close nothing, but keep it obvious.
+    new std::map<std::string, std::weak_ptr<Domain>>(std::move(gDomains));
+    new std::map<std::string, fid_fabric *>(std::move(gFabrics));
+    gDomains.clear();
+    gFabrics.clear();
+}
+
+[[maybe_unused]] const int gForkHandlers = pthread_atfork(
+    [] { gDomainsMutex.lock(); }, [] { gDomainsMutex.unlock(); }, forgetDomainsInChild);
 
 fi_info *baseHints(const Settings &settings, const std::string &prov)
 {
@@ -87,6 +108,18 @@ uint64_t randomKey()
     while (getrandom(&v, sizeof(v), 0) != sizeof(v)) {
     }
     return v;
+}
+
+uint32_t processNonce()
+{
+    uint32_t n = gNonce.load(std::memory_order_relaxed);
+    while (n == 0) {
+        n = static_cast<uint32_t>(randomKey());
+        uint32_t expected = 0;
+        if (!gNonce.compare_exchange_strong(expected, n, std::memory_order_relaxed))
+            n = expected;
+    }
+    return n;
 }
 
 const std::string &chooseProvider(const Settings &settings)

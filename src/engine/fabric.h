@@ -80,4 +80,8 @@ int fiErr(int ret);
 // A random 64-bit value from the kernel (for MR keys).
 uint64_t randomKey();
 
+// A random nonzero id of this process (a fork child gets its own), which tells a listener that
+// a connect comes from its own process.
+uint32_t processNonce();
+
 } // namespace rstream

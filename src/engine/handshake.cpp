@@ -13,6 +13,7 @@
 #include "clock.h"
 #include "log.h"
 #include "progress.h"
+#include "upgrade_wire.h"
 
 namespace rstream {
 
@@ -29,6 +30,10 @@ wire::Hello Connection::localHello() const
     h.ringSize = static_cast<uint32_t>(rx_.size);
     h.rxSlots = rxCount_;
     h.flags |= wire::kFlagGrow; // this end follows a peer's GROW
+    if (settings_.upgrade) {
+        h.flags |= wire::kFlagUpgrade;
+        h.process = processNonce();
+    }
     h.ioMapSize = settings_.ioMapSize;
     return h;
 }
@@ -164,9 +169,16 @@ void Connection::processEqLocked()
             return;
         if (ret == -FI_EAVAIL) {
             fi_eq_err_entry err{};
+            uint8_t errData[64];
+            err.err_data = errData;
+            err.err_data_size = sizeof(errData);
             if (fi_eq_readerr(eq_, &err, 0) < 0)
                 return;
             changed_ = true;
+            if (state_ == State::Connecting && err.err == ECONNREFUSED && err.err_data &&
+                wire::decodeRefusal(err.err_data, err.err_data_size) ==
+                    wire::RefusalReason::Defer)
+                deferred_.store(true, std::memory_order_release);
             if (state_ == State::Connecting) {
                 // What the kernel said about the peer's address carries over, as connect(2)
                 // reports it; anything else is a refusal.

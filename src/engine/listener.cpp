@@ -15,6 +15,7 @@
 #include "kernel.h"
 #include "log.h"
 #include "progress.h"
+#include "upgrade_wire.h"
 #include "wire.h"
 
 namespace rstream {
@@ -31,11 +32,6 @@ Listener::~Listener()
     // Connections nobody accepted are reset, as the kernel resets them; requests nobody
     // answered are refused.
     ready_.clear();
-    for (Held &h : held_) {
-        fi_reject(pep_, h.info->handle, nullptr, 0);
-        fi_freeinfo(h.info);
-    }
-    held_.clear();
     // The endpoint before the EQ it is bound to.
     pep_.reset();
     eq_.reset();
@@ -111,59 +107,27 @@ void Listener::pumpLocked()
     }
 }
 
-int Listener::backgroundAccept(int64_t *deadlineNs)
+int Listener::backgroundAccept(int64_t *)
 {
-    const bool background = background_.load(std::memory_order_relaxed);
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock() || !listening_)
         return -1;
-    if (background) {
-        pumpLocked();
-        if (ready_.size() >= backlog_)
-            return -1;
-    } else {
-        *deadlineNs = std::min(*deadlineNs, holdLocked(nowNs()));
-    }
+    pumpLocked();
+    if (ready_.size() >= backlog_)
+        return -1;
     // The wait fd stays readable after the EQ was read until fi_trywait re-arms it.
     fid *fids[1] = {&eq_->fid};
     fi_trywait(domain_->fabric(), fids, 1);
     return waitFd_;
 }
 
-void Listener::setBackgroundAccept(bool on)
+void Listener::setDeferring(bool on)
 {
     // No call into the progress thread: this runs in fork's parent handler, while the thread's
     // own handlers may hold its locks. The thread already polls this listener's wait fd and
     // reads the new setting with the next request.
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!on && background_.load(std::memory_order_relaxed))
-        sharedSinceNs_ = nowNs();
-    background_.store(on, std::memory_order_relaxed);
-}
-
-int64_t Listener::holdLocked(int64_t now)
-{
-    fi_info *info;
-    wire::Hello peer;
-    while (readRequestLocked(&info, &peer) == 0)
-        held_.push_back({info, peer, now});
-    // A request the process has not looked at within the grace is refused: nobody here is
-    // going to accept it.
-    const int64_t grace = appLookNs_ < sharedSinceNs_ ? kIdleGraceNs : kBusyGraceNs;
-    while (!held_.empty() && held_.front().sinceNs > appLookNs_ &&
-           now - held_.front().sinceNs >= grace) {
-        if (!refusedLogged_) {
-            RS_LOG(Info, "listener: refusing connection requests that this process does not "
-                         "accept (the listener is shared with a fork child): the peers fall "
-                         "back to kernel TCP");
-            refusedLogged_ = true;
-        }
-        fi_reject(pep_, held_.front().info->handle, nullptr, 0);
-        fi_freeinfo(held_.front().info);
-        held_.pop_front();
-    }
-    syncReadyFdLocked();
-    return held_.empty() ? INT64_MAX : held_.front().sinceNs + grace;
+    deferring_.store(on, std::memory_order_relaxed);
 }
 
 int Listener::readRequestLocked(fi_info **info, wire::Hello *peer)
@@ -203,6 +167,18 @@ int Listener::readRequestLocked(fi_info **info, wire::Hello *peer)
 
 int Listener::answerLocked(fi_info *info, const wire::Hello &peer, std::unique_ptr<Connection> *out)
 {
+    // A connect that can take a Defer from another process (or from this one, once it has
+    // forked): which process will serve the connection is not known here (fork, exec), so it
+    // goes over kernel TCP and upgrades in the process that does its first I/O.
+    if ((peer.flags & wire::kFlagUpgrade) &&
+        (deferring_.load(std::memory_order_relaxed) ||
+         (settings_.upgrade && peer.process != processNonce()))) {
+        uint8_t refusal[wire::kRefusalSize];
+        wire::encodeRefusal(wire::RefusalReason::Defer, refusal);
+        fi_reject(pep_, info->handle, refusal, sizeof(refusal));
+        fi_freeinfo(info);
+        return -ECONNREFUSED;
+    }
     auto conn = std::make_unique<Connection>(settings_);
     bool rejectable;
     int r = conn->startAccept(info, peer, &rejectable); // takes info
@@ -218,13 +194,6 @@ int Listener::answerLocked(fi_info *info, const wire::Hello &peer, std::unique_p
 
 int Listener::acceptOne(std::unique_ptr<Connection> *out)
 {
-    // Requests held while nobody looked come first: they arrived first.
-    while (!held_.empty()) {
-        Held h = held_.front();
-        held_.pop_front();
-        if (answerLocked(h.info, h.peer, out) == 0)
-            return 0;
-    }
     for (;;) {
         fi_info *info;
         wire::Hello peer;
@@ -236,12 +205,6 @@ int Listener::acceptOne(std::unique_ptr<Connection> *out)
     }
 }
 
-void Listener::appPumpLocked()
-{
-    appLookNs_ = nowNs();
-    pumpLocked();
-}
-
 int Listener::accept(std::unique_ptr<Connection> *out, bool nonblock, int timeoutMs)
 {
     timespec start;
@@ -251,7 +214,7 @@ int Listener::accept(std::unique_ptr<Connection> *out, bool nonblock, int timeou
             std::lock_guard<std::mutex> lock(mutex_);
             if (!listening_)
                 return -EINVAL;
-            appPumpLocked();
+            pumpLocked();
             if (!ready_.empty()) {
                 *out = std::move(ready_.front());
                 ready_.pop_front();
@@ -283,23 +246,22 @@ int Listener::accept(std::unique_ptr<Connection> *out, bool nonblock, int timeou
 int Listener::arm()
 {
     std::lock_guard<std::mutex> lock(mutex_);
-    appPumpLocked();
+    pumpLocked();
     return armLocked();
 }
 
 bool Listener::pending()
 {
     std::lock_guard<std::mutex> lock(mutex_);
-    appPumpLocked();
+    pumpLocked();
     return !ready_.empty();
 }
 
 void Listener::syncReadyFdLocked()
 {
-    // Readable exactly while connections wait in the queue, or requests wait for this process
-    // to look (it then answers them).
+    // Readable exactly while connections wait in the queue.
     uint64_t v;
-    if (ready_.empty() && held_.empty()) {
+    if (ready_.empty()) {
         if (sys::read(readyFd_, &v, sizeof(v)) < 0) {
             // Already drained.
         }
@@ -319,7 +281,7 @@ int Listener::armLocked()
 {
     if (!eq_)
         return 0;
-    if (!ready_.empty() || !held_.empty())
+    if (!ready_.empty())
         return -EAGAIN;
     fid *fids[1] = {&eq_->fid};
     int ret = fi_trywait(domain_->fabric(), fids, 1);

@@ -53,35 +53,21 @@ public:
     // more, or -1 when the queue is full or the application holds the listener; lowers
     // *deadlineNs to when it must be called again regardless.
     int backgroundAccept(int64_t *deadlineNs) override;
-    // Off (in a parent, for a listener shared with a fork child): requests are answered only
-    // when this process looks at the listener (accept, poll). One that it does not look at
-    // within a grace is refused, so that the peer falls back to kernel TCP at once instead of
-    // after its connect timeout: the parent of a prefork server never accepts again.
-    void setBackgroundAccept(bool on);
-    // The grace: short while the process has not looked at the listener since it went off (a
-    // prefork master), longer once it has (an event loop busy for a moment).
-    static constexpr int64_t kIdleGraceNs = 10 * 1000000;
-    static constexpr int64_t kBusyGraceNs = 250 * 1000000;
+    // Connects that can take a Defer refusal (wire::kFlagUpgrade, the shim's) are refused with
+    // one (upgrade_wire.h) when they come from another process and this listener has
+    // Settings::upgrade, and from any process once it is deferring: which process will serve
+    // the connection is not known here (fork, exec), and a fabric connection would stay with
+    // this one. The peer connects over kernel TCP and upgrades in-band. Deferring is set in a
+    // parent for a listener shared with a fork child. Other connects are answered as ever.
+    void setDeferring(bool on);
 
 private:
-    // A request read from the EQ but not answered yet (background accept off).
-    struct Held
-    {
-        fi_info *info;
-        wire::Hello peer;
-        int64_t sinceNs;
-    };
     // The next connection request with a valid hello (bad ones are refused here): 0, or
     // -EAGAIN when none is queued.
     int readRequestLocked(fi_info **info, wire::Hello *peer);
     int answerLocked(fi_info *info, const wire::Hello &peer, std::unique_ptr<Connection> *out);
     int acceptOne(std::unique_ptr<Connection> *out);
-    // The application looks at the listener: held requests are answered from now on.
-    void appPumpLocked();
     void pumpLocked();
-    // Background accept off: requests wait in held_; the stale ones are refused. Returns the
-    // next deadline (INT64_MAX: none).
-    int64_t holdLocked(int64_t now);
     void syncReadyFdLocked();
     int armLocked();
 
@@ -98,12 +84,8 @@ private:
     socklen_t addrLen_ = 0;
     bool listening_ = false;
     size_t backlog_ = 1;
-    std::atomic<bool> background_{true};
+    std::atomic<bool> deferring_{false};
     std::deque<std::unique_ptr<Connection>> ready_; // handshakes answered, not yet accepted
-    std::deque<Held> held_;
-    int64_t appLookNs_ = 0;     // when the application last looked at the listener
-    int64_t sharedSinceNs_ = 0; // when background accept went off
-    bool refusedLogged_ = false;
 };
 
 } // namespace rstream

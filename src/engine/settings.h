@@ -31,6 +31,9 @@ struct Settings
     uint32_t ioMapSize = 64;     // riomap() windows the peer may map (RDMA_IOMAPSIZE)
     bool iwarp = false;          // force RMA write + small send instead of write with immediate
     bool strict = false;         // ask the provider for verbs-shaped MR semantics (tests)
+    // The preload shim's sockets: a connect says it can take a Defer refusal (and upgrade
+    // in-band); a listener defers such connects from other processes (listener.h).
+    bool upgrade = false;
     std::string provider;        // empty: verbs when usable, else tcp
 
     // The defaults overridden by RSTREAM_* environment variables (the registry in configvars.h

@@ -134,7 +134,7 @@ void encodeHello(const Hello &h, uint8_t out[kHelloSize])
     put<uint32_t>(p, h.ringSize);
     put<uint32_t>(p, h.rxSlots);
     put<uint32_t>(p, h.ioMapSize);
-    put<uint32_t>(p, h.reserved);
+    put<uint32_t>(p, h.process);
 }
 
 int decodeHello(const void *data, size_t len, Hello *out)
@@ -151,10 +151,10 @@ int decodeHello(const void *data, size_t len, Hello *out)
     h.ringSize = get<uint32_t>(p);
     h.rxSlots = get<uint32_t>(p);
     h.ioMapSize = get<uint32_t>(p);
-    h.reserved = get<uint32_t>(p);
+    h.process = get<uint32_t>(p);
     if (h.magic != kMagic || h.version != kVersion)
         return -EPROTO;
-    if (h.flags & ~(kFlagIwarp | kFlagVirtAddr | kFlagGrow))
+    if (h.flags & ~(kFlagIwarp | kFlagVirtAddr | kFlagGrow | kFlagUpgrade))
         return -EINVAL;
     if (h.ringSize < 1024 || h.ringSize > (1u << 28) || h.rxSlots < 4 || h.rxSlots > kMaxSlots)
         return -EINVAL;

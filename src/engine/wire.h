@@ -146,6 +146,9 @@ enum HelloFlags : uint16_t
     kFlagIwarp = 1 << 0,    // use RMA write + small send instead of write with immediate
     kFlagVirtAddr = 1 << 1, // ringAddr is a virtual address (FI_MR_VIRT_ADDR), else an offset
     kFlagGrow = 1 << 2,     // the sender of this hello understands GROW and answers SWITCH
+    // (connect) the sender can take a Defer refusal: it then connects over kernel TCP and
+    // upgrades in-band (upgrade_wire.h); process identifies its process.
+    kFlagUpgrade = 1 << 3,
 };
 
 struct Hello
@@ -158,7 +161,7 @@ struct Hello
     uint32_t ringSize = 0;  // bytes
     uint32_t rxSlots = 0;   // receive slots posted: the peer's initial message credits
     uint32_t ioMapSize = 0; // riomap() windows the sender accepts from its peer (0 .. kMaxIoMaps)
-    uint32_t reserved = 0;
+    uint32_t process = 0; // kFlagUpgrade: a random id of the connecting process, else 0
 
     bool operator==(const Hello &) const = default;
 };

@@ -217,6 +217,7 @@ void Socket::refreshConnectLocked()
     // A failed connect leaves the socket closed with the error pending, like Linux.
     soError_ = r;
     failedConnect_ = true;
+    deferred_ = conn_->refusedWithDefer();
     setStateLocked(State::Fresh);
     conn_.reset();
 }
@@ -342,13 +343,20 @@ int Socket::connectStatus()
     }
 }
 
+bool Socket::connectDeferred()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    refreshConnectLocked();
+    return deferred_;
+}
+
 void Socket::confirmConnected()
 {
     std::lock_guard<std::mutex> lock(mutex_);
     connectPending_ = false;
 }
 
-void Socket::setBackgroundAccept(bool on)
+void Socket::setDeferring(bool on)
 {
     std::shared_ptr<Listener> l;
     {
@@ -356,7 +364,7 @@ void Socket::setBackgroundAccept(bool on)
         l = listener_;
     }
     if (l)
-        l->setBackgroundAccept(on);
+        l->setDeferring(on);
 }
 
 std::string Socket::debugState()

@@ -107,8 +107,11 @@ public:
     // How a connect stands, without consuming its error: 0 connected, -EINPROGRESS, or the
     // -errno it failed with (-ENOTCONN when none was made).
     int connectStatus();
-    // Whether the listener answers connection requests without the application (default on).
-    void setBackgroundAccept(bool on);
+    // The last connect failed with a Defer refusal: the listener's process runs the shim and
+    // wants the connection over kernel TCP, to upgrade it in whichever process serves it.
+    bool connectDeferred();
+    // A listener shared with a fork child defers every connection request (Listener::setDeferring).
+    void setDeferring(bool on);
     std::string debugState();
     // The engine connection (null before connect and on listeners), for diagnostics.
     std::shared_ptr<Connection> connection();
@@ -163,6 +166,7 @@ private:
     int soError_ = 0;            // pending SO_ERROR (a failed connect, a reset)
     bool errorReported_ = false; // the connection's error was returned once; then EOF/EPIPE
     bool failedConnect_ = false; // closed by a failed connect: reads see EOF
+    bool deferred_ = false;      // that connect was refused with a Defer refusal
     bool shutWr_ = false;
     bool connectPending_ = false; // nonblocking connect not yet confirmed by a second connect
     uint32_t sendRing_ = 0;       // the connection's send ring size, for POLLOUT

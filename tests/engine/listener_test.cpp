@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
-// A listener whose process does not accept (a fork parent's, as in prefork servers) refuses
-// requests at once instead of leaving the peer to its connect timeout, and answers them as soon
-// as the process looks.
+// A listener shared with a fork child (prefork and fork-per-connection servers) defers every
+// request at once, with a refusal the client recognises, instead of answering it in a process
+// that may never serve it; turned off again it answers as before.
 
 #include <cerrno>
 #include <chrono>
@@ -20,11 +20,12 @@ using rstest::loopback4;
 
 namespace {
 
-Settings tcpSettings()
+Settings tcpSettings(bool upgrade = false)
 {
     Settings s = Settings::fromEnv();
     s.provider = "tcp";
     s.connectTimeoutMs = 3000;
+    s.upgrade = upgrade; // the shim's connects can take a Defer
     return s;
 }
 
@@ -43,66 +44,113 @@ std::unique_ptr<Listener> listenOnLoopback(uint16_t *port)
     return l;
 }
 
-// Connects a client, blocking; returns the result and how long it took.
-int connectTimed(uint16_t port, int64_t *ms)
+// Connects a client, blocking; returns the result and how long it took, and whether the
+// refusal was a Defer.
+int connectTimed(uint16_t port, int64_t *ms, bool *deferred = nullptr, bool upgrade = true)
 {
-    Connection c(tcpSettings());
+    Connection c(tcpSettings(upgrade));
     auto a = loopback4(port);
     const int64_t start = nowNs();
     int r = c.connect(reinterpret_cast<sockaddr *>(&a), sizeof(a));
     *ms = (nowNs() - start) / 1000000;
+    if (deferred)
+        *deferred = c.refusedWithDefer();
     return r;
 }
 
 } // namespace
 
-TEST(Listener, NotAcceptingProcessRefusesAtOnce)
+TEST(Listener, SharedListenerDefersAtOnce)
 {
     uint16_t port = 0;
     auto l = listenOnLoopback(&port);
     ASSERT_TRUE(l);
-    l->setBackgroundAccept(false);
-    int64_t ms = 0;
-    // The connect timeout is 3 s: a refusal comes after the grace, not after the timeout.
-    EXPECT_EQ(connectTimed(port, &ms), -ECONNREFUSED);
-    EXPECT_LT(ms, 1000);
-    // Again: the listener keeps refusing while its process does not look.
-    EXPECT_EQ(connectTimed(port, &ms), -ECONNREFUSED);
-    EXPECT_LT(ms, 1000);
+    l->setDeferring(true);
+    // The connect timeout is 3 s: the refusal comes at once, and says "defer".
+    for (int i = 0; i < 3; i++) {
+        int64_t ms = 0;
+        bool deferred = false;
+        EXPECT_EQ(connectTimed(port, &ms, &deferred), -ECONNREFUSED);
+        EXPECT_TRUE(deferred);
+        EXPECT_LT(ms, 1000);
+    }
+    // Even while the process accepts: the connection must reach the process that serves it.
+    std::unique_ptr<Connection> accepted;
+    EXPECT_EQ(l->accept(&accepted, true), -EAGAIN);
+    EXPECT_FALSE(accepted);
 }
 
-TEST(Listener, NotAcceptingProcessAnswersWhenItAccepts)
+TEST(Listener, ConnectsThatCannotTakeADeferAreAnswered)
 {
+    // An rsocket program's connect (no kFlagUpgrade): answered even by a deferring listener.
     uint16_t port = 0;
     auto l = listenOnLoopback(&port);
     ASSERT_TRUE(l);
-    l->setBackgroundAccept(false);
+    l->setDeferring(true);
     std::unique_ptr<Connection> accepted;
     int acceptRet = 1;
     std::thread server([&] { acceptRet = l->accept(&accepted, false, 5000); });
     int64_t ms = 0;
-    EXPECT_EQ(connectTimed(port, &ms), 0);
+    bool deferred = true;
+    EXPECT_EQ(connectTimed(port, &ms, &deferred, false), 0);
+    EXPECT_FALSE(deferred);
+    server.join();
+    EXPECT_EQ(acceptRet, 0);
+}
+
+TEST(Listener, OwnProcessIsAnsweredDirectly)
+{
+    // A shim listener (Settings::upgrade) defers other processes' connects; its own process's
+    // are answered over the fabric at once (they cannot go to another process).
+    auto l = std::make_unique<Listener>(tcpSettings(true));
+    auto a = loopback4(0);
+    ASSERT_EQ(l->bind(reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
+    ASSERT_EQ(l->listen(16), 0);
+    sockaddr_storage bound;
+    socklen_t len = sizeof(bound);
+    ASSERT_EQ(l->localAddress(&bound, &len), 0);
+    const uint16_t port = ntohs(reinterpret_cast<sockaddr_in *>(&bound)->sin_port);
+    std::unique_ptr<Connection> accepted;
+    int acceptRet = 1;
+    std::thread server([&] { acceptRet = l->accept(&accepted, false, 5000); });
+    int64_t ms = 0;
+    bool deferred = true;
+    EXPECT_EQ(connectTimed(port, &ms, &deferred), 0);
+    EXPECT_FALSE(deferred);
+    server.join();
+    EXPECT_EQ(acceptRet, 0);
+}
+
+TEST(Listener, DeferringOffAnswersAgain)
+{
+    uint16_t port = 0;
+    auto l = listenOnLoopback(&port);
+    ASSERT_TRUE(l);
+    l->setDeferring(true);
+    int64_t ms = 0;
+    bool deferred = false;
+    EXPECT_EQ(connectTimed(port, &ms, &deferred), -ECONNREFUSED);
+    l->setDeferring(false);
+    std::unique_ptr<Connection> accepted;
+    int acceptRet = 1;
+    std::thread server([&] { acceptRet = l->accept(&accepted, false, 5000); });
+    EXPECT_EQ(connectTimed(port, &ms, &deferred), 0);
+    EXPECT_FALSE(deferred);
     server.join();
     EXPECT_EQ(acceptRet, 0);
     EXPECT_TRUE(accepted);
 }
 
-TEST(Listener, BusyProcessGetsTheLongerGrace)
+TEST(Listener, PlainRefusalIsNotADefer)
 {
+    // Nothing listens: a refusal by the kernel, not a Defer.
     uint16_t port = 0;
-    auto l = listenOnLoopback(&port);
-    ASSERT_TRUE(l);
-    l->setBackgroundAccept(false);
-    // The process looked at the listener after it went off (an event loop), then is busy for
-    // less than the busy grace: the request waits for it instead of being refused.
-    EXPECT_FALSE(l->pending());
-    std::unique_ptr<Connection> accepted;
-    std::thread server([&] {
-        std::this_thread::sleep_for(std::chrono::nanoseconds(Listener::kIdleGraceNs * 5));
-        l->accept(&accepted, false, 5000);
-    });
+    {
+        auto l = listenOnLoopback(&port);
+        ASSERT_TRUE(l);
+    }
     int64_t ms = 0;
-    EXPECT_EQ(connectTimed(port, &ms), 0);
-    server.join();
-    EXPECT_TRUE(accepted);
+    bool deferred = true;
+    EXPECT_NE(connectTimed(port, &ms, &deferred), 0);
+    EXPECT_FALSE(deferred);
 }

@@ -328,7 +328,7 @@ Hello sampleHello()
     h.ringSize = 1u << 20;
     h.rxSlots = 384;
     h.ioMapSize = 64;
-    h.reserved = 0;
+    h.process = 0;
     return h;
 }
 
@@ -378,7 +378,7 @@ TEST(WireHello, IsFortyBytesInNetworkOrder)
     EXPECT_EQ(kHelloSize, 40u);
     Hello h = sampleHello();
     h.ioMapSize = 0x00000fff;
-    h.reserved = 0x25262728u;
+    h.process = 0x25262728u;
     EncodedHello e = encode(h);
     const uint8_t *b = e.bytes;
     // magic "RSTM"
@@ -450,8 +450,9 @@ TEST(WireHello, RejectsBadMagicVersionOrLength)
 
 TEST(WireHello, RejectsUnknownFlags)
 {
-    EXPECT_EQ(decodeModified([](Hello &h) { h.flags |= 1 << 3; }), -EINVAL);
+    EXPECT_EQ(decodeModified([](Hello &h) { h.flags |= 1 << 4; }), -EINVAL);
     EXPECT_EQ(decodeModified([](Hello &h) { h.flags |= kFlagGrow; }), 0);
+    EXPECT_EQ(decodeModified([](Hello &h) { h.flags |= kFlagUpgrade; }), 0);
     EXPECT_EQ(decodeModified([](Hello &h) { h.flags |= 1 << 15; }), -EINVAL);
     EXPECT_EQ(decodeModified([](Hello &h) { h.flags = 0xffff; }), -EINVAL);
     EXPECT_EQ(decodeModified([](Hello &h) {

@@ -1,0 +1,482 @@
+// SPDX-License-Identifier: MIT
+// The in-band upgrade of a kernel TCP connection to the fabric (upgrade_wire.h): the client
+// after a Defer refusal, the server on connections its listener accepted over kernel TCP. It
+// runs in the process that does the connection's first I/O, on that call, so a fork or exec
+// between accept and the first I/O moves it with the connection.
+
+#include "hybrid.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "address.h"
+#include "clock.h"
+#include "hybrid_internal.h"
+#include "log.h"
+#include "shimaddr.h"
+#include "upgrade.h"
+#include "upgrade_wire.h"
+
+namespace rstream::shim {
+
+namespace {
+
+// Sends out (if any) and then reads exactly inLen bytes on a fabric socket, by deadline.
+int exchange(Socket &s, const void *out, size_t outLen, void *in, size_t inLen, int64_t deadline)
+{
+    size_t sent = 0, got = 0;
+    while (sent < outLen || got < inLen) {
+        if (sent < outLen) {
+            iovec iov{const_cast<char *>(static_cast<const char *>(out)) + sent, outLen - sent};
+            ssize_t r = s.send(&iov, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (r > 0)
+                sent += static_cast<size_t>(r);
+            else if (r != -EAGAIN)
+                return r < 0 ? static_cast<int>(r) : -EIO;
+        } else {
+            iovec iov{static_cast<char *>(in) + got, inLen - got};
+            ssize_t r = s.recv(&iov, 1, MSG_DONTWAIT);
+            if (r > 0)
+                got += static_cast<size_t>(r);
+            else if (r == 0)
+                return -ECONNRESET; // closed: the other end did not take the connection
+            else if (r != -EAGAIN)
+                return static_cast<int>(r);
+        }
+        if (sent >= outLen && got >= inLen)
+            break;
+        const int64_t left = deadline - nowMs();
+        if (left <= 0)
+            return -ETIMEDOUT;
+        const int events = sent < outLen ? POLLOUT : POLLIN;
+        if (s.pollEvents(events))
+            continue;
+        std::vector<pollfd> fds;
+        if (s.prepareWait(&fds, events) == -EAGAIN)
+            continue;
+        const int wait = static_cast<int>(std::min<int64_t>(left, 10));
+        const timespec ts{0, wait * 1000000L};
+        sys::ppoll(fds.data(), fds.size(), &ts, nullptr);
+    }
+    return 0;
+}
+
+} // namespace
+
+std::shared_ptr<HybridSocket> HybridSocket::acceptedKernel(int fd, int family, bool nonblocking,
+                                                           const ShimConfig &config)
+{
+    auto s = std::make_shared<HybridSocket>(fd, family, nonblocking, config);
+    s->accepted_ = true;
+    s->mode_.store(Mode::Kernel, std::memory_order_relaxed);
+    s->upgrade_.store(Upgrade::Maybe, std::memory_order_release);
+    return s;
+}
+
+char HybridSocket::inheritableUpgrade()
+{
+    std::lock_guard<std::mutex> lock(upgradeMutex_);
+    switch (upgrade_.load()) {
+    case Upgrade::Maybe:
+        return serverWrote_ ? 0 : 's';
+    case Upgrade::Offer:
+        return 'c';
+    default:
+        return 0;
+    }
+}
+
+void HybridSocket::adoptInherited(char state)
+{
+    std::lock_guard<std::mutex> lock(upgradeMutex_);
+    mode_.store(Mode::Kernel, std::memory_order_release);
+    if (state == 's') {
+        accepted_ = true;
+        upgrade_.store(Upgrade::Maybe, std::memory_order_release);
+    } else if (state == 'c') {
+        std::lock_guard<std::mutex> l(mutex_);
+        peerLen_ = sizeof(peer_);
+        if (sys::getpeername(fd_, reinterpret_cast<sockaddr *>(&peer_), &peerLen_) < 0)
+            peerLen_ = 0;
+        else
+            upgrade_.store(Upgrade::Offer, std::memory_order_release);
+    }
+}
+
+int HybridSocket::upgradeStep(bool out, int flags)
+{
+    std::lock_guard<std::mutex> lock(upgradeMutex_);
+    switch (upgrade_.load()) {
+    case Upgrade::Offer:
+    case Upgrade::AwaitReply:
+    case Upgrade::StripReply:
+        return clientUpgradeLocked(out ? -1 : flags);
+    case Upgrade::Maybe:
+    case Upgrade::ExpectCancel:
+        return serverUpgradeLocked(out, flags);
+    default:
+        return 0;
+    }
+}
+
+ssize_t HybridSocket::peekKernel(void *buf, size_t len, bool wait)
+{
+    iovec iov{buf, len};
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    // A blocking peek sleeps in the kernel as the application's recv would (SO_RCVTIMEO,
+    // signals): the fd is blocking exactly when the application's socket is.
+    return sys::recvmsg(fd_, &mh, MSG_PEEK | (wait ? 0 : MSG_DONTWAIT));
+}
+
+void HybridSocket::consumeKernel(size_t len)
+{
+    uint8_t buf[wire::kUpgradeMaxSize];
+    iovec iov{buf, std::min(len, sizeof(buf))};
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    sys::recvmsg(fd_, &mh, MSG_DONTWAIT); // a peek showed them: they are there
+}
+
+bool HybridSocket::sendUpgradeMessage(int type, uint16_t port, uint64_t token)
+{
+    wire::UpgradeMessage msg;
+    msg.type = static_cast<wire::UpgradeType>(type);
+    msg.port = port;
+    msg.token = token;
+    uint8_t buf[wire::kUpgradeMaxSize];
+    const size_t n = wire::encodeUpgrade(msg, buf);
+    iovec iov{buf, n};
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    // Nothing of the application's is queued before it (these are the first bytes, or follow
+    // only other upgrade messages), so the send buffer has room for these few bytes.
+    return sys::sendmsg(fd_, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(n);
+}
+
+void HybridSocket::stayKernelLocked(Fallback why, const char *detail)
+{
+    sockaddr_storage local{}, peer{};
+    socklen_t llen = sizeof(local), plen = sizeof(peer);
+    if (sys::getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen) != 0)
+        llen = 0;
+    if (sys::getpeername(fd_, reinterpret_cast<sockaddr *>(&peer), &plen) != 0)
+        plen = 0;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!fallbackCounted_) {
+            fallback_ = why;
+            fallbackCounted_ = true;
+            countFallback(why);
+            if (!record_ && plen)
+                record_ = std::make_unique<ConnRecord>(
+                    fd_, false, why, accepted_, reinterpret_cast<sockaddr *>(&local), llen,
+                    reinterpret_cast<sockaddr *>(&peer), plen);
+            if (record_)
+                record_->markEstablished();
+        }
+    }
+    if (why == Fallback::KernelPeer)
+        RS_LOG_FD(Info, fd_, "kernel TCP from %s: %s (the peer connected over kernel TCP)",
+                  plen ? addressText(reinterpret_cast<sockaddr *>(&peer)).c_str() : "?",
+                  fallbackName(why));
+    else if (why == Fallback::NotUpgraded)
+        RS_LOG_FD(Info, fd_, "kernel TCP %s %s: not upgraded: %s", accepted_ ? "from" : "to",
+                  plen ? describe(reinterpret_cast<sockaddr *>(&peer)).c_str() : "?", detail);
+    kernelGen_++;
+}
+
+void HybridSocket::adoptUpgradedLocked(std::shared_ptr<Socket> s, bool accepted)
+{
+    s->setNonblocking(nonblocking());
+    sockaddr_storage local{}, peer{};
+    socklen_t llen = sizeof(local), plen = sizeof(peer);
+    if (sys::getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen) != 0)
+        llen = 0;
+    if (sys::getpeername(fd_, reinterpret_cast<sockaddr *>(&peer), &plen) != 0)
+        plen = 0;
+    auto record = std::make_unique<ConnRecord>(fd_, true, Fallback::None, accepted,
+                                               reinterpret_cast<sockaddr *>(&local), llen,
+                                               reinterpret_cast<sockaddr *>(&peer), plen);
+    record->setConnection(s->connection());
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        bytes_ = &record->bytes();
+        record_ = std::move(record);
+        sock_ = std::move(s);
+        accepted_ = accepted;
+        upgraded_ = true;
+        fallbackCounted_ = true;
+        upgrade_.store(Upgrade::None, std::memory_order_release);
+        mode_.store(Mode::Fabric, std::memory_order_release);
+    }
+    countFabricConnection();
+    RS_LOG_FD(Debug, fd_, "upgraded to the fabric (%s %s)", accepted ? "from" : "to",
+              plen ? describe(reinterpret_cast<sockaddr *>(&peer)).c_str() : "?");
+}
+
+// flags < 0: a send (the client's HELLO goes out the same way, but a late reply to strip only
+// matters to reads).
+int HybridSocket::clientUpgradeLocked(int flags)
+{
+    const bool reading = flags >= 0;
+    if (upgrade_.load() == Upgrade::Offer) {
+        // Not connected yet (a nonblocking connect in progress, or failed): the kernel answers
+        // this call, the HELLO goes out with a later one.
+        sockaddr_storage p;
+        socklen_t plen = sizeof(p);
+        if (sys::getpeername(fd_, reinterpret_cast<sockaddr *>(&p), &plen) < 0)
+            return 0;
+        if (!sendUpgradeMessage(static_cast<int>(wire::UpgradeType::Hello))) {
+            upgrade_.store(Upgrade::None, std::memory_order_release);
+            stayKernelLocked(Fallback::NotUpgraded, "the HELLO could not be sent");
+            return 0;
+        }
+        upgradeDeadlineMs_ = nowMs() + config_.upgradeTimeoutMs;
+        upgrade_.store(Upgrade::AwaitReply, std::memory_order_release);
+    }
+    uint8_t buf[wire::kUpgradeMaxSize];
+    if (upgrade_.load() == Upgrade::AwaitReply) {
+        // The server's first bytes decide. The application's call waits for them (bounded):
+        // its data must go where the server will read it.
+        for (;;) {
+            ssize_t r = peekKernel(buf, sizeof(buf), false);
+            if (r == 0 || (r < 0 && r != -EAGAIN)) {
+                upgrade_.store(Upgrade::None, std::memory_order_release);
+                stayKernelLocked(Fallback::NotUpgraded, "the connection ended first");
+                return 0;
+            }
+            if (r > 0) {
+                wire::UpgradeMessage msg;
+                size_t size = 0;
+                auto match = wire::matchUpgrade(buf, static_cast<size_t>(r), &msg, &size);
+                if (match == wire::UpgradeMatch::No) {
+                    upgrade_.store(Upgrade::None, std::memory_order_release);
+                    stayKernelLocked(Fallback::NotUpgraded, "the server wrote first");
+                    return 0;
+                }
+                if (match == wire::UpgradeMatch::Complete) {
+                    consumeKernel(size);
+                    if (msg.type != wire::UpgradeType::Accept) {
+                        upgrade_.store(Upgrade::None, std::memory_order_release);
+                        stayKernelLocked(Fallback::NotUpgraded, "the server declined");
+                        return 0;
+                    }
+                    sockaddr_storage dest;
+                    socklen_t dlen;
+                    {
+                        std::lock_guard<std::mutex> l(mutex_);
+                        dest = peer_;
+                        dlen = peerLen_;
+                    }
+                    setPort(&dest, msg.port);
+                    std::shared_ptr<Socket> s;
+                    int e = connectFabric(reinterpret_cast<sockaddr *>(&dest), dlen, &s);
+                    uint8_t token[wire::kUpgradeTokenSize];
+                    wire::encodeToken(msg.token, token);
+                    uint8_t ack = 0;
+                    if (e == 0)
+                        e = exchange(*s, token, sizeof(token), &ack, 1,
+                                     nowMs() + config_.upgradeTimeoutMs);
+                    if (e == 0 && ack == wire::kUpgradeAck) {
+                        adoptUpgradedLocked(std::move(s), false);
+                        return 0;
+                    }
+                    if (s)
+                        s->close();
+                    sendUpgradeMessage(static_cast<int>(wire::UpgradeType::Cancel));
+                    upgrade_.store(Upgrade::None, std::memory_order_release);
+                    stayKernelLocked(Fallback::NotUpgraded,
+                                     e ? strerror(-e) : "the server's answer was not the ack");
+                    return 0;
+                }
+            }
+            // Nothing yet, or part of a reply.
+            const int64_t left = upgradeDeadlineMs_ - nowMs();
+            if (left <= 0) {
+                sendUpgradeMessage(static_cast<int>(wire::UpgradeType::Cancel));
+                upgrade_.store(Upgrade::StripReply, std::memory_order_release);
+                stayKernelLocked(Fallback::NotUpgraded, "no answer from the server in time");
+                break;
+            }
+            pollfd p{fd_, POLLIN, 0};
+            const int wait = static_cast<int>(std::min<int64_t>(left, 1000));
+            const timespec ts{wait / 1000, (wait % 1000) * 1000000L};
+            if (sys::ppoll(&p, 1, &ts, nullptr) == -EINTR)
+                return -EINTR; // the HELLO is out: the next call goes on waiting
+        }
+    }
+    if (upgrade_.load() != Upgrade::StripReply || !reading)
+        return 0;
+    // The server may still answer the HELLO we gave up on: drop that answer, never deliver it.
+    for (;;) {
+        ssize_t r = peekKernel(buf, sizeof(buf), upgradeBlocking(flags));
+        if (r < 0)
+            return static_cast<int>(r);
+        wire::UpgradeMessage msg;
+        size_t size = 0;
+        auto match = r == 0 ? wire::UpgradeMatch::No
+                            : wire::matchUpgrade(buf, static_cast<size_t>(r), &msg, &size);
+        if (match == wire::UpgradeMatch::Complete &&
+            (msg.type == wire::UpgradeType::Accept || msg.type == wire::UpgradeType::Decline)) {
+            consumeKernel(size);
+            upgrade_.store(Upgrade::None, std::memory_order_release);
+            return 0;
+        }
+        if (match != wire::UpgradeMatch::Partial) {
+            upgrade_.store(Upgrade::None, std::memory_order_release);
+            return 0;
+        }
+        if (!upgradeBlocking(flags))
+            return -EAGAIN;
+        pollfd p{fd_, POLLIN, 0};
+        const timespec ts{0, 10 * 1000000L};
+        if (sys::ppoll(&p, 1, &ts, nullptr) == -EINTR)
+            return -EINTR;
+    }
+}
+
+int HybridSocket::serverUpgradeLocked(bool out, int flags)
+{
+    uint8_t buf[wire::kUpgradeHeaderSize];
+    for (;;) {
+        const Upgrade state = upgrade_.load();
+        if (state != Upgrade::Maybe && state != Upgrade::ExpectCancel)
+            return 0;
+        // A read waits for the client's first bytes as the application's call would; a write
+        // only looks.
+        const bool wait = !out && upgradeBlocking(flags);
+        ssize_t r = peekKernel(buf, sizeof(buf), wait);
+        if (r < 0) {
+            if (out) {
+                if (state == Upgrade::Maybe)
+                    serverWrote_ = true; // no HELLO yet: we speak first, so we cannot answer one
+                return 0;
+            }
+            return static_cast<int>(r);
+        }
+        wire::UpgradeMessage msg;
+        size_t size = 0;
+        auto match = r == 0 ? wire::UpgradeMatch::No
+                            : wire::matchUpgrade(buf, static_cast<size_t>(r), &msg, &size);
+        if (match == wire::UpgradeMatch::Partial) {
+            if (out) {
+                if (state == Upgrade::Maybe)
+                    serverWrote_ = true;
+                return 0;
+            }
+            if (!wait)
+                return -EAGAIN;
+            pollfd p{fd_, POLLIN, 0};
+            const timespec ts{0, 10 * 1000000L};
+            if (sys::ppoll(&p, 1, &ts, nullptr) == -EINTR)
+                return -EINTR;
+            continue;
+        }
+        if (state == Upgrade::ExpectCancel) {
+            if (match == wire::UpgradeMatch::Complete && msg.type == wire::UpgradeType::Cancel)
+                consumeKernel(size);
+            upgrade_.store(Upgrade::None, std::memory_order_release);
+            return 0;
+        }
+        if (match != wire::UpgradeMatch::Complete || msg.type != wire::UpgradeType::Hello) {
+            if (out && r > 0) {
+                serverWrote_ = true; // the client's data waits; we write first
+                return 0;
+            }
+            upgrade_.store(Upgrade::None, std::memory_order_release);
+            stayKernelLocked(helloSeen_ ? Fallback::NotUpgraded : Fallback::KernelPeer,
+                             "no upgrade offered");
+            return 0;
+        }
+        consumeKernel(size);
+        helloSeen_ = true;
+        if (serverWrote_) {
+            upgrade_.store(Upgrade::ExpectCancel, std::memory_order_release);
+            stayKernelLocked(Fallback::NotUpgraded, "the server wrote first");
+            continue;
+        }
+        return serveUpgradeLocked();
+    }
+}
+
+int HybridSocket::serveUpgradeLocked()
+{
+    sockaddr_storage local{};
+    socklen_t llen = sizeof(local);
+    int err = 0;
+    std::shared_ptr<UpgradeListener> ul;
+    if (sys::getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen) == 0) {
+        noteEngineUsed();
+        ul = UpgradeListener::forAddress(reinterpret_cast<sockaddr *>(&local), llen, &err);
+    }
+    if (!ul) {
+        sendUpgradeMessage(static_cast<int>(wire::UpgradeType::Decline));
+        upgrade_.store(Upgrade::None, std::memory_order_release);
+        stayKernelLocked(Fallback::NotUpgraded, err ? strerror(err) : "no local address");
+        return 0;
+    }
+    const uint64_t token = ul->expect();
+    if (!sendUpgradeMessage(static_cast<int>(wire::UpgradeType::Accept),
+                            static_cast<uint16_t>(ul->port()), token)) {
+        ul->forget(token);
+        upgrade_.store(Upgrade::ExpectCancel, std::memory_order_release);
+        stayKernelLocked(Fallback::NotUpgraded, "the ACCEPT could not be sent");
+        return 0;
+    }
+    const int64_t deadline = nowMs() + config_.upgradeTimeoutMs;
+    for (;;) {
+        if (auto s = ul->claim(token)) {
+            const uint8_t ack = wire::kUpgradeAck;
+            if (exchange(*s, &ack, 1, nullptr, 0, deadline) == 0) {
+                adoptUpgradedLocked(std::move(s), true);
+                return 0;
+            }
+            s->close(); // the client reads EOF instead of the ack and cancels
+            upgrade_.store(Upgrade::ExpectCancel, std::memory_order_release);
+            stayKernelLocked(Fallback::NotUpgraded, "the ack could not be sent");
+            return 0;
+        }
+        uint8_t buf[wire::kUpgradeHeaderSize];
+        ssize_t r = peekKernel(buf, sizeof(buf), false);
+        wire::UpgradeMessage msg;
+        size_t size = 0;
+        const auto match = r > 0 ? wire::matchUpgrade(buf, static_cast<size_t>(r), &msg, &size)
+                                 : wire::UpgradeMatch::No;
+        const bool cancel =
+            match == wire::UpgradeMatch::Complete && msg.type == wire::UpgradeType::Cancel;
+        // A CANCEL, the end, or bytes that are no upgrade message (a client off the protocol:
+        // they stay the application's).
+        if (r == 0 || (r > 0 && match != wire::UpgradeMatch::Partial)) {
+            if (cancel)
+                consumeKernel(size);
+            ul->forget(token);
+            upgrade_.store(Upgrade::None, std::memory_order_release);
+            stayKernelLocked(Fallback::NotUpgraded, cancel ? "the client cancelled"
+                                                    : r == 0 ? "closed"
+                                                             : "the client wrote data instead");
+            return 0;
+        }
+        const int64_t left = deadline - nowMs();
+        if (left <= 0) {
+            ul->forget(token);
+            upgrade_.store(Upgrade::ExpectCancel, std::memory_order_release);
+            stayKernelLocked(Fallback::NotUpgraded, "no fabric connection from the client in time");
+            return 0;
+        }
+        // The kernel fd only while it has nothing (part of a CANCEL: the tick looks again).
+        std::vector<pollfd> fds;
+        if (r < 0)
+            fds.push_back({fd_, POLLIN, 0});
+        ul->prepareWait(&fds);
+        const int wait = static_cast<int>(std::min<int64_t>(left, 5));
+        const timespec ts{0, wait * 1000000L};
+        sys::ppoll(fds.data(), fds.size(), &ts, nullptr); // a signal: look again
+    }
+}
+
+} // namespace rstream::shim

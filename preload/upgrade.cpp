@@ -1,0 +1,180 @@
+// SPDX-License-Identifier: MIT
+// The process's fabric listeners for in-band upgrades (see upgrade.h).
+
+#include "upgrade.h"
+
+#include <cerrno>
+#include <cstring>
+#include <netinet/in.h>
+#include <new>
+#include <pthread.h>
+#include <string>
+
+#include "address.h"
+#include "clock.h"
+#include "fabric.h"
+#include "log.h"
+#include "upgrade_wire.h"
+
+namespace rstream::shim {
+
+namespace {
+
+// How long an accepted connection may take to send its token.
+constexpr int64_t kTokenWaitMs = 2000;
+
+std::mutex gListenersMutex;
+std::map<std::string, std::shared_ptr<UpgradeListener>> *gListeners =
+    new std::map<std::string, std::shared_ptr<UpgradeListener>>();
+
+// A v4-mapped IPv6 address (a dual-stack listener's connection from an IPv4 peer) becomes the
+// IPv4 address its peer connected to.
+socklen_t plainAddress(const sockaddr *in, socklen_t len, sockaddr_storage *out)
+{
+    std::memset(out, 0, sizeof(*out));
+    if (in->sa_family == AF_INET6 && len >= sizeof(sockaddr_in6)) {
+        auto *a6 = reinterpret_cast<const sockaddr_in6 *>(in);
+        if (IN6_IS_ADDR_V4MAPPED(&a6->sin6_addr)) {
+            auto *a4 = reinterpret_cast<sockaddr_in *>(out);
+            a4->sin_family = AF_INET;
+            std::memcpy(&a4->sin_addr, &a6->sin6_addr.s6_addr[12], 4);
+            return sizeof(sockaddr_in);
+        }
+    }
+    std::memcpy(out, in, std::min<size_t>(len, sizeof(*out)));
+    return len;
+}
+
+} // namespace
+
+std::shared_ptr<UpgradeListener> UpgradeListener::forAddress(const sockaddr *local, socklen_t len,
+                                                             int *err)
+{
+    sockaddr_storage addr;
+    len = plainAddress(local, len, &addr);
+    auto *sa = reinterpret_cast<sockaddr *>(&addr);
+    if (sa->sa_family == AF_INET)
+        reinterpret_cast<sockaddr_in *>(sa)->sin_port = 0;
+    else if (sa->sa_family == AF_INET6)
+        reinterpret_cast<sockaddr_in6 *>(sa)->sin6_port = 0;
+    else {
+        *err = EAFNOSUPPORT;
+        return nullptr;
+    }
+    const std::string key = addressText(sa);
+    std::lock_guard<std::mutex> lock(gListenersMutex);
+    auto it = gListeners->find(key);
+    if (it != gListeners->end())
+        return it->second;
+    auto l = std::make_shared<UpgradeListener>();
+    l->listen_ = std::make_shared<Socket>(sa->sa_family);
+    l->listen_->setNonblocking(true);
+    int r = l->listen_->bind(sa, len);
+    if (r == 0)
+        r = l->listen_->listen(128);
+    sockaddr_storage bound{};
+    socklen_t blen = sizeof(bound);
+    if (r == 0)
+        r = l->listen_->localAddress(reinterpret_cast<sockaddr *>(&bound), &blen);
+    if (r < 0) {
+        *err = -r;
+        RS_LOG(Warn, "upgrade: no fabric listener on %s: %s", key.c_str(), strerror(-r));
+        return nullptr;
+    }
+    l->port_ = addressPort(reinterpret_cast<sockaddr *>(&bound));
+    RS_LOG(Debug, "upgrade: fabric listener on %s port %d", key.c_str(), l->port_);
+    (*gListeners)[key] = l;
+    return l;
+}
+
+void UpgradeListener::forgetAfterFork()
+{
+    // Only the forking thread exists in the child: the lock starts over, and the parent's
+    // listeners are left alone (leaked), as their fabric objects are the parent's.
+    new (&gListenersMutex) std::mutex();
+    gListeners = new std::map<std::string, std::shared_ptr<UpgradeListener>>();
+}
+
+uint64_t UpgradeListener::expect()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    uint64_t token;
+    do {
+        token = randomKey();
+    } while (token == 0 || expected_.count(token) || arrived_.count(token));
+    expected_.insert(token);
+    return token;
+}
+
+void UpgradeListener::forget(uint64_t token)
+{
+    std::shared_ptr<Socket> stale;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        expected_.erase(token);
+        auto it = arrived_.find(token);
+        if (it != arrived_.end()) {
+            stale = std::move(it->second);
+            arrived_.erase(it);
+        }
+    }
+    if (stale)
+        stale->close(); // its client reads EOF instead of the ack and stays on kernel TCP
+}
+
+std::shared_ptr<Socket> UpgradeListener::claim(uint64_t token)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    pumpLocked();
+    auto it = arrived_.find(token);
+    if (it == arrived_.end())
+        return nullptr;
+    auto s = std::move(it->second);
+    arrived_.erase(it);
+    return s;
+}
+
+void UpgradeListener::pumpLocked()
+{
+    for (;;) {
+        std::shared_ptr<Socket> s;
+        if (listen_->accept(&s, nullptr, nullptr) < 0)
+            break;
+        s->setNonblocking(true);
+        unread_.push_back({std::move(s), nowMs() + kTokenWaitMs});
+    }
+    const int64_t now = nowMs();
+    std::erase_if(unread_, [&](Unread &u) {
+        uint8_t buf[wire::kUpgradeTokenSize];
+        iovec iov{buf, sizeof(buf)};
+        ssize_t r = u.sock->recv(&iov, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (r == static_cast<ssize_t>(sizeof(buf))) {
+            u.sock->recv(&iov, 1, MSG_DONTWAIT);
+            const uint64_t token = wire::decodeToken(buf);
+            if (expected_.erase(token)) {
+                arrived_[token] = std::move(u.sock);
+            } else {
+                RS_LOG(Info, "upgrade: a fabric connection with a token nobody waits for: closed");
+                u.sock->close();
+            }
+            return true;
+        }
+        if (r == -EAGAIN || (r >= 0 && r < static_cast<ssize_t>(sizeof(buf)) && r != 0)) {
+            if (now < u.deadlineMs)
+                return false;
+            RS_LOG(Info, "upgrade: a fabric connection sent no token in time: closed");
+        }
+        u.sock->close();
+        return true;
+    });
+}
+
+void UpgradeListener::prepareWait(std::vector<pollfd> *fds)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    listen_->prepareWait(fds, POLLIN);
+    for (auto &u : unread_)
+        u.sock->prepareWait(fds, POLLIN);
+}
+
+} // namespace rstream::shim

@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: MIT
+// The process's fabric listeners for in-band upgrades, and the tokens they wait for.
+//
+// A process that serves an upgraded connection (upgrade_wire.h) listens on an ephemeral fabric
+// port of the connection's local address, created the first time it needs one. Clients connect
+// there and send the token from the server's ACCEPT; the server's socket claims its connection
+// by token. Tokens are 64 random bits, expected only while their socket waits; a connection
+// with another token is closed, so a stray or hostile client never reaches a socket.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <poll.h>
+#include <set>
+#include <sys/socket.h>
+#include <vector>
+
+#include "socket.h"
+
+namespace rstream::shim {
+
+class UpgradeListener
+{
+public:
+    // The listener for local (its port ignored), created on first use; null when the fabric
+    // cannot be had (*err: why).
+    static std::shared_ptr<UpgradeListener> forAddress(const sockaddr *local, socklen_t len,
+                                                       int *err);
+    // In a fork child: the parent's listeners are not the child's (kept, never closed).
+    static void forgetAfterFork();
+
+    int port() const { return port_; }
+    // A fresh token this listener expects from now on.
+    uint64_t expect();
+    // No longer expected; a connection that brought it is closed.
+    void forget(uint64_t token);
+    // The connection that brought token, once it has (then no longer expected); null before.
+    std::shared_ptr<Socket> claim(uint64_t token);
+    // The fds to sleep on for the next arrival (the listener's and unread connections').
+    void prepareWait(std::vector<pollfd> *fds);
+
+private:
+    struct Unread
+    {
+        std::shared_ptr<Socket> sock;
+        int64_t deadlineMs;
+    };
+    void pumpLocked();
+
+    std::shared_ptr<Socket> listen_;
+    int port_ = 0;
+    std::mutex mutex_;
+    std::set<uint64_t> expected_;
+    std::map<uint64_t, std::shared_ptr<Socket>> arrived_;
+    std::vector<Unread> unread_; // accepted, token not read yet
+};
+
+} // namespace rstream::shim
