@@ -135,6 +135,12 @@ __attribute__((constructor)) void shimInit()
         atexit(writeStats);
     }
     pthread_atfork(nullptr, inParent, inChild);
+    try {
+        EngineCall ec;
+        shim().adoptInheritedSockets();
+    } catch (...) {
+        noteInternalError();
+    }
     installCrashHandler(); // RSTREAM_BACKTRACE=0 turns it off
     // The live export (rstream-stat) is made on the first connection and removed at exit; one
     // this pid has already is the program's that ran before execve.

@@ -269,10 +269,29 @@ int HybridSocket::getsockopt(int level, int name, void *val, socklen_t *len)
     return sys::getsockopt(fd_, level, name, val, len);
 }
 
+namespace {
+
+// getsockname's contract: the address truncated to *len, *len set to its real length.
+int copyAddress(const sockaddr_storage &from, socklen_t fromLen, sockaddr *addr, socklen_t *len)
+{
+    if (!addr || !len)
+        return -EFAULT;
+    std::memcpy(addr, &from, std::min(*len, fromLen));
+    *len = fromLen;
+    return 0;
+}
+
+} // namespace
+
 int HybridSocket::getsockname(sockaddr *addr, socklen_t *len)
 {
     auto [s, m] = snapshot();
-    if (m != Mode::Fabric || !s || upgraded_)
+    if (m == Mode::Fabric && upgraded_) {
+        // What the kernel said before the upgrade shut its connection down.
+        std::lock_guard<std::mutex> lock(mutex_);
+        return copyAddress(upLocal_, upLocalLen_, addr, len);
+    }
+    if (m != Mode::Fabric || !s)
         return sys::getsockname(fd_, addr, len); // also while waiting for libfabric to load
     int r = s->localAddress(addr, len);
     if (r == 0 && accepted_ && appPort_ && addr)
@@ -293,7 +312,9 @@ int HybridSocket::getpeername(sockaddr *addr, socklen_t *len)
         peer = peer_;
         plen = peerLen_;
     }
-    if (m != Mode::Fabric || (s && upgraded_))
+    if (m == Mode::Fabric && s && upgraded_)
+        return copyAddress(peer, plen, addr, len);
+    if (m != Mode::Fabric)
         return sys::getpeername(fd_, addr, len);
     if (!s)
         return -ENOTCONN; // connecting: waiting for libfabric to load

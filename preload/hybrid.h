@@ -131,6 +131,10 @@ private:
     // Runs the upgrade as far as it goes before an I/O: 0 to go on (with whatever mode it
     // left), or -errno for the caller (-EAGAIN, -EINTR, ...).
     int upgradeStep(bool out, int flags);
+    // Client: the HELLO goes out as soon as the connection is established (a server that
+    // hands the connection on, across fork or exec, finds it waiting), then AwaitReply.
+    void sendOffer();
+    void sendOfferLocked();
     int clientUpgradeLocked(int flags);
     int serverUpgradeLocked(bool out, int flags);
     int serveUpgradeLocked();
@@ -223,7 +227,9 @@ private:
     // record_'s byte counters, set before the mode turns Fabric (the data path adds to them).
     exportfile::ByteCounters *bytes_ = nullptr;
     bool accepted_ = false; // from a fabric listener (or the server side of an upgrade)
-    bool upgraded_ = false; // moved to the fabric in-band: the kernel fd has the addresses
+    bool upgraded_ = false; // moved to the fabric in-band: addresses as the kernel had them
+    sockaddr_storage upLocal_{};
+    socklen_t upLocalLen_ = 0;
     int appPort_ = 0;       // the application's listening port (fabric listeners use another)
     bool noFabric_ = false; // inherited across fork: kernel TCP only
     int rcvTimeoutMs_ = -1;

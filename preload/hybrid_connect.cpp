@@ -234,6 +234,8 @@ int HybridSocket::connectKernel(const sockaddr *addr, socklen_t len, bool inet, 
         std::lock_guard<std::mutex> lock(mutex_);
         recordKernelLocked(addr, len);
     }
+    if (offer)
+        sendOffer();
     countFallbackIfEstablished();
     return 0;
 }

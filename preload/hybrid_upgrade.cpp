@@ -210,13 +210,45 @@ void HybridSocket::adoptUpgradedLocked(std::shared_ptr<Socket> s, bool accepted)
         sock_ = std::move(s);
         accepted_ = accepted;
         upgraded_ = true;
+        std::memcpy(&upLocal_, &local, sizeof(local));
+        upLocalLen_ = llen;
+        std::memcpy(&peer_, &peer, sizeof(peer));
+        peerLen_ = plen;
         fallbackCounted_ = true;
         upgrade_.store(Upgrade::None, std::memory_order_release);
         mode_.store(Mode::Fabric, std::memory_order_release);
     }
+    // The kernel TCP connection has done its part. Shut down, a program that inherits the fd
+    // across exec (where the fabric endpoint cannot follow) reads EOF instead of waiting for
+    // bytes that now travel on the fabric; the peer's shim no longer reads it.
+    sys::shutdown(fd_, SHUT_RDWR);
     countFabricConnection();
     RS_LOG_FD(Debug, fd_, "upgraded to the fabric (%s %s)", accepted ? "from" : "to",
               plen ? describe(reinterpret_cast<sockaddr *>(&peer)).c_str() : "?");
+}
+
+void HybridSocket::sendOffer()
+{
+    std::lock_guard<std::mutex> lock(upgradeMutex_);
+    if (upgrade_.load() == Upgrade::Offer)
+        sendOfferLocked();
+}
+
+void HybridSocket::sendOfferLocked()
+{
+    // Not connected yet (a nonblocking connect in progress, or failed): the kernel answers
+    // this call, the HELLO goes out with a later one.
+    sockaddr_storage p;
+    socklen_t plen = sizeof(p);
+    if (sys::getpeername(fd_, reinterpret_cast<sockaddr *>(&p), &plen) < 0)
+        return;
+    if (!sendUpgradeMessage(static_cast<int>(wire::UpgradeType::Hello))) {
+        upgrade_.store(Upgrade::None, std::memory_order_release);
+        stayKernelLocked(Fallback::NotUpgraded, "the HELLO could not be sent");
+        return;
+    }
+    upgradeDeadlineMs_ = nowMs() + config_.upgradeTimeoutMs;
+    upgrade_.store(Upgrade::AwaitReply, std::memory_order_release);
 }
 
 // flags < 0: a send (the client's HELLO goes out the same way, but a late reply to strip only
@@ -224,21 +256,8 @@ void HybridSocket::adoptUpgradedLocked(std::shared_ptr<Socket> s, bool accepted)
 int HybridSocket::clientUpgradeLocked(int flags)
 {
     const bool reading = flags >= 0;
-    if (upgrade_.load() == Upgrade::Offer) {
-        // Not connected yet (a nonblocking connect in progress, or failed): the kernel answers
-        // this call, the HELLO goes out with a later one.
-        sockaddr_storage p;
-        socklen_t plen = sizeof(p);
-        if (sys::getpeername(fd_, reinterpret_cast<sockaddr *>(&p), &plen) < 0)
-            return 0;
-        if (!sendUpgradeMessage(static_cast<int>(wire::UpgradeType::Hello))) {
-            upgrade_.store(Upgrade::None, std::memory_order_release);
-            stayKernelLocked(Fallback::NotUpgraded, "the HELLO could not be sent");
-            return 0;
-        }
-        upgradeDeadlineMs_ = nowMs() + config_.upgradeTimeoutMs;
-        upgrade_.store(Upgrade::AwaitReply, std::memory_order_release);
-    }
+    if (upgrade_.load() == Upgrade::Offer)
+        sendOfferLocked();
     uint8_t buf[wire::kUpgradeMaxSize];
     if (upgrade_.load() == Upgrade::AwaitReply) {
         // The server's first bytes decide. The application's call waits for them (bounded):

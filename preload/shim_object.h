@@ -98,7 +98,9 @@ public:
     int epoll_pwait(const void *ra, int epfd, epoll_event *events, int maxevents, int timeout,
                     const sigset_t *mask);
 
-    // ---- Processes (fork.cpp) ----
+    // ---- Processes (fork.cpp, exec.cpp) ----
+    // At load: TCP connections inherited across exec join the table, to be upgraded (exec.cpp).
+    void adoptInheritedSockets();
     pid_t fork();
     pid_t vfork();
     int daemon(int nochdir, int noclose);
