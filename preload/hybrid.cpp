@@ -16,6 +16,7 @@
 #include "hybrid_internal.h"
 #include "log.h"
 #include "shimaddr.h"
+#include "upgrade.h"
 
 namespace rstream::shim {
 
@@ -398,6 +399,11 @@ void HybridSocket::markInherited()
     // held at the fork would never be released, so the mutex starts over.
     new (&mutex_) std::mutex();
     new (&upgradeMutex_) std::mutex();
+    if (upgrade_.load() == Upgrade::ServerAwait) {
+        // The client connects to the parent's upgrade listener, which is not the child's.
+        upgrade_.store(Upgrade::ExpectCancel, std::memory_order_relaxed);
+        pendingUl_.reset(); // the parent's table keeps the listener itself
+    }
     std::lock_guard<std::mutex> lock(mutex_);
     noFabric_ = true;
     // A fabric attempt in progress stays the parent's: the child's copy is inherited.
@@ -435,6 +441,8 @@ int HybridSocket::kernelPollNow(int events)
 int HybridSocket::pollEvents(int events)
 {
     settle();
+    if (upgradePending() && upgradeProgress() && upgradePending())
+        return 0; // the server waits for its client's fabric connection
     auto [s, m] = snapshot();
     switch (m) {
     case Mode::Fabric:
@@ -455,6 +463,9 @@ int HybridSocket::pollEvents(int events)
 int HybridSocket::prepareWait(std::vector<pollfd> *fds, int events)
 {
     settle();
+    if (upgradePending())
+        if (int r = upgradeWaitFds(fds); r <= 0)
+            return r;
     auto [s, m] = snapshot();
     switch (m) {
     case Mode::Fabric:

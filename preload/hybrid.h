@@ -22,6 +22,8 @@
 
 namespace rstream::shim {
 
+class UpgradeListener;
+
 // Whether this process has used the fabric (a fork child of such a process must not).
 bool engineUsed();
 
@@ -54,6 +56,11 @@ public:
     {
         return upgrade_.load(std::memory_order_acquire) != Upgrade::None;
     }
+    // For the poller, while the server waits for its client's fabric connection: the fds to
+    // sleep on (0; -EAGAIN: look again; 1: not waiting), and a look that moves the upgrade on
+    // (false: nothing to do). Never block: they only try the upgrade's lock.
+    int upgradeWaitFds(std::vector<pollfd> *fds);
+    bool upgradeProgress();
     // For exec: the upgrade state worth carrying into the new program ('s': a server socket that
     // has not seen its peer's first bytes, 'c': a client that has not sent its HELLO), or 0.
     char inheritableUpgrade();
@@ -127,6 +134,7 @@ private:
         StripReply,   // client: gave up (CANCEL sent); a late ACCEPT or DECLINE is dropped
         Maybe,        // server: the client's first bytes may be a HELLO
         ExpectCancel, // server: HELLO seen and not followed up; a CANCEL may follow
+        ServerAwait,  // server: ACCEPT sent, waiting for the client's fabric connection
     };
     // Runs the upgrade as far as it goes before an I/O: 0 to go on (with whatever mode it
     // left), or -errno for the caller (-EAGAIN, -EINTR, ...).
@@ -137,7 +145,8 @@ private:
     void sendOfferLocked();
     int clientUpgradeLocked(int flags);
     int serverUpgradeLocked(bool out, int flags);
-    int serveUpgradeLocked();
+    int serveUpgradeLocked(bool blocking);
+    int serverAwaitLocked(bool blocking);
     // Reads the first bytes of the kernel stream without taking them: > 0, 0 at EOF, -errno.
     ssize_t peekKernel(void *buf, size_t len, bool wait);
     // Takes len bytes that a peek showed.
@@ -239,6 +248,8 @@ private:
     int64_t upgradeDeadlineMs_ = 0; // AwaitReply: when the client gives up
     bool serverWrote_ = false;    // Maybe: the server wrote first, so it cannot answer a HELLO
     bool helloSeen_ = false;      // server: the client offered (for the fallback reason)
+    std::shared_ptr<UpgradeListener> pendingUl_; // ServerAwait: where the client connects
+    uint64_t pendingToken_ = 0;                  // ServerAwait: the token it brings
 };
 
 } // namespace rstream::shim

@@ -115,6 +115,11 @@ int HybridSocket::upgradeStep(bool out, int flags)
     case Upgrade::Maybe:
     case Upgrade::ExpectCancel:
         return serverUpgradeLocked(out, flags);
+    case Upgrade::ServerAwait:
+        // A write waits too: its bytes must go where the client will read them.
+        if (int r = serverAwaitLocked(upgradeBlocking(flags)); r < 0)
+            return r;
+        return upgrade_.load() == Upgrade::ExpectCancel ? serverUpgradeLocked(out, flags) : 0;
     default:
         return 0;
     }
@@ -419,11 +424,11 @@ int HybridSocket::serverUpgradeLocked(bool out, int flags)
             stayKernelLocked(Fallback::NotUpgraded, "the server wrote first");
             continue;
         }
-        return serveUpgradeLocked();
+        return serveUpgradeLocked(!out && upgradeBlocking(flags));
     }
 }
 
-int HybridSocket::serveUpgradeLocked()
+int HybridSocket::serveUpgradeLocked(bool blocking)
 {
     sockaddr_storage local{};
     socklen_t llen = sizeof(local);
@@ -447,11 +452,30 @@ int HybridSocket::serveUpgradeLocked()
         stayKernelLocked(Fallback::NotUpgraded, "the ACCEPT could not be sent");
         return 0;
     }
-    const int64_t deadline = nowMs() + config_.upgradeTimeoutMs;
+    pendingUl_ = std::move(ul);
+    pendingToken_ = token;
+    upgradeDeadlineMs_ = nowMs() + config_.upgradeTimeoutMs;
+    upgrade_.store(Upgrade::ServerAwait, std::memory_order_release);
+    return serverAwaitLocked(blocking);
+}
+
+// The client has the ACCEPT: its fabric connection (claimed by token), a CANCEL, or the end
+// decides. A blocking call waits for it; a nonblocking one (an event loop, which must never
+// wait for one client while others could be served) gets -EAGAIN, and the poller wakes it when
+// the fabric connection or the kernel side has news (prepareWait).
+int HybridSocket::serverAwaitLocked(bool blocking)
+{
     for (;;) {
-        if (auto s = ul->claim(token)) {
+        // The kernel side first: a client that gave up (CANCEL) must not be claimed after.
+        uint8_t buf[wire::kUpgradeHeaderSize];
+        ssize_t r = peekKernel(buf, sizeof(buf), false);
+        std::shared_ptr<Socket> claimed;
+        if (r < 0)
+            claimed = pendingUl_->claim(pendingToken_);
+        if (auto s = std::move(claimed)) {
+            pendingUl_.reset();
             const uint8_t ack = wire::kUpgradeAck;
-            if (exchange(*s, &ack, 1, nullptr, 0, deadline) == 0) {
+            if (exchange(*s, &ack, 1, nullptr, 0, nowMs() + config_.upgradeTimeoutMs) == 0) {
                 adoptUpgradedLocked(std::move(s), true);
                 return 0;
             }
@@ -460,8 +484,6 @@ int HybridSocket::serveUpgradeLocked()
             stayKernelLocked(Fallback::NotUpgraded, "the ack could not be sent");
             return 0;
         }
-        uint8_t buf[wire::kUpgradeHeaderSize];
-        ssize_t r = peekKernel(buf, sizeof(buf), false);
         wire::UpgradeMessage msg;
         size_t size = 0;
         const auto match = r > 0 ? wire::matchUpgrade(buf, static_cast<size_t>(r), &msg, &size)
@@ -473,29 +495,54 @@ int HybridSocket::serveUpgradeLocked()
         if (r == 0 || (r > 0 && match != wire::UpgradeMatch::Partial)) {
             if (cancel)
                 consumeKernel(size);
-            ul->forget(token);
+            pendingUl_->forget(pendingToken_);
+            pendingUl_.reset();
             upgrade_.store(Upgrade::None, std::memory_order_release);
             stayKernelLocked(Fallback::NotUpgraded, cancel ? "the client cancelled"
                                                     : r == 0 ? "closed"
                                                              : "the client wrote data instead");
             return 0;
         }
-        const int64_t left = deadline - nowMs();
+        const int64_t left = upgradeDeadlineMs_ - nowMs();
         if (left <= 0) {
-            ul->forget(token);
+            pendingUl_->forget(pendingToken_);
+            pendingUl_.reset();
             upgrade_.store(Upgrade::ExpectCancel, std::memory_order_release);
             stayKernelLocked(Fallback::NotUpgraded, "no fabric connection from the client in time");
             return 0;
         }
+        if (!blocking)
+            return -EAGAIN;
         // The kernel fd only while it has nothing (part of a CANCEL: the tick looks again).
         std::vector<pollfd> fds;
         if (r < 0)
             fds.push_back({fd_, POLLIN, 0});
-        ul->prepareWait(&fds);
+        if (pendingUl_->prepareWait(&fds) == -EAGAIN)
+            continue;
         const int wait = static_cast<int>(std::min<int64_t>(left, 5));
         const timespec ts{0, wait * 1000000L};
         sys::ppoll(fds.data(), fds.size(), &ts, nullptr); // a signal: look again
     }
+}
+
+int HybridSocket::upgradeWaitFds(std::vector<pollfd> *fds)
+{
+    std::unique_lock<std::mutex> lock(upgradeMutex_, std::try_to_lock);
+    if (!lock.owns_lock())
+        return -EAGAIN; // another thread moves it on: look again
+    if (upgrade_.load() != Upgrade::ServerAwait || !pendingUl_)
+        return 1;
+    fds->push_back({fd_, POLLIN, 0});
+    return pendingUl_->prepareWait(fds);
+}
+
+bool HybridSocket::upgradeProgress()
+{
+    std::unique_lock<std::mutex> lock(upgradeMutex_, std::try_to_lock);
+    if (!lock.owns_lock() || upgrade_.load() != Upgrade::ServerAwait)
+        return false;
+    serverAwaitLocked(false);
+    return true;
 }
 
 } // namespace rstream::shim

@@ -169,12 +169,16 @@ void UpgradeListener::pumpLocked()
     });
 }
 
-void UpgradeListener::prepareWait(std::vector<pollfd> *fds)
+int UpgradeListener::prepareWait(std::vector<pollfd> *fds)
 {
     std::lock_guard<std::mutex> lock(mutex_);
-    listen_->prepareWait(fds, POLLIN);
+    // A connection queued or a token arrived since the last look: not a time to sleep.
+    if (!arrived_.empty() || listen_->prepareWait(fds, POLLIN) == -EAGAIN)
+        return -EAGAIN;
     for (auto &u : unread_)
-        u.sock->prepareWait(fds, POLLIN);
+        if (u.sock->prepareWait(fds, POLLIN) == -EAGAIN)
+            return -EAGAIN;
+    return 0;
 }
 
 } // namespace rstream::shim

@@ -38,8 +38,9 @@ public:
     void forget(uint64_t token);
     // The connection that brought token, once it has (then no longer expected); null before.
     std::shared_ptr<Socket> claim(uint64_t token);
-    // The fds to sleep on for the next arrival (the listener's and unread connections').
-    void prepareWait(std::vector<pollfd> *fds);
+    // The fds to sleep on for the next arrival (the listener's and unread connections'), or
+    // -EAGAIN when something arrived already (look again instead of sleeping).
+    int prepareWait(std::vector<pollfd> *fds);
 
 private:
     struct Unread

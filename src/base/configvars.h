@@ -71,8 +71,6 @@ inline constexpr ConfigVar kConfigVars[] = {
     {"RSTREAM_EXPORT", Kind::Flag, 0, 1, "1", "shim: 0 keeps the process out of rstream-stat"},
     {"RSTREAM_NOFILE_ORIG", Kind::Number, 1, INT64_MAX, "",
      "set by the shim for its exec'd programs: the original RLIMIT_NOFILE soft limit"},
-    {"RSTREAM_INHERIT", Kind::Text, 0, 0, "",
-     "set by the shim for its exec'd programs: inherited connections still to be upgraded"},
 };
 
 inline constexpr std::span<const ConfigVar> vars()

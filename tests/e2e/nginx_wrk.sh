@@ -22,5 +22,6 @@ grep -qE 'Non-2xx' "$work/wrk.log" && fail "wrk got error pages"
 expect_fabric wrk "$connections"
 
 stop_pid "$server_pid" QUIT || true
-expect_fabric server "$connections"
+# A connection wrk closes while its upgrade is under way (at the end) counts as not upgraded.
+expect_fabric server "$connections" any
 echo PASS
