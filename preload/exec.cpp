@@ -37,8 +37,7 @@ int establishedTcp(int fd)
         return 0;
     int v = 0;
     socklen_t len = sizeof(v);
-    if (sys::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &v, &len) < 0 ||
-        (v != AF_INET && v != AF_INET6))
+    if (sys::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &v, &len) < 0 || (v != AF_INET && v != AF_INET6))
         return 0;
     const int family = v;
     len = sizeof(v);
@@ -81,8 +80,9 @@ void declineOffer(int fd)
             omh.msg_iov = &oiov;
             omh.msg_iovlen = 1;
             sys::sendmsg(fd, &omh, MSG_DONTWAIT | MSG_NOSIGNAL);
-            RS_LOG(Debug, "preload: fd %d: an inherited connection's upgrade offer declined (a "
-                          "standard descriptor: stdio reads it past the shim)",
+            RS_LOG(Debug,
+                   "preload: fd %d: an inherited connection's upgrade offer declined (a "
+                   "standard descriptor: stdio reads it past the shim)",
                    fd);
             return;
         }
@@ -133,8 +133,9 @@ void Shim::adoptInheritedSockets()
     }
     closedir(d);
     if (adopted)
-        RS_LOG(Debug, "preload: %d inherited TCP connection descriptors, to be upgraded if their "
-                      "peers offer",
+        RS_LOG(Debug,
+               "preload: %d inherited TCP connection descriptors, to be upgraded if their "
+               "peers offer",
                adopted);
 }
 

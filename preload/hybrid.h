@@ -156,10 +156,7 @@ private:
     void stayKernelLocked(Fallback why, const char *detail);
     // The upgrade is over: the connection continues on s (accepted: the server side).
     void adoptUpgradedLocked(std::shared_ptr<Socket> s, bool accepted);
-    bool upgradeBlocking(int flags) const
-    {
-        return !nonblocking() && !(flags & MSG_DONTWAIT);
-    }
+    bool upgradeBlocking(int flags) const { return !nonblocking() && !(flags & MSG_DONTWAIT); }
 
     struct Option
     {
@@ -244,10 +241,10 @@ private:
     int rcvTimeoutMs_ = -1;
     std::atomic<bool> acceptFabricFirst_{true};
     std::atomic<Upgrade> upgrade_{Upgrade::None};
-    std::mutex upgradeMutex_;     // one upgrade step at a time; taken before mutex_
+    std::mutex upgradeMutex_;       // one upgrade step at a time; taken before mutex_
     int64_t upgradeDeadlineMs_ = 0; // AwaitReply: when the client gives up
-    bool serverWrote_ = false;    // Maybe: the server wrote first, so it cannot answer a HELLO
-    bool helloSeen_ = false;      // server: the client offered (for the fallback reason)
+    bool serverWrote_ = false;      // Maybe: the server wrote first, so it cannot answer a HELLO
+    bool helloSeen_ = false;        // server: the client offered (for the fallback reason)
     std::shared_ptr<UpgradeListener> pendingUl_; // ServerAwait: where the client connects
     uint64_t pendingToken_ = 0;                  // ServerAwait: the token it brings
 };

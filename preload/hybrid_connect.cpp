@@ -369,8 +369,7 @@ void HybridSocket::settleSlow()
 
 void HybridSocket::recordKernelLocked(const sockaddr *peer, socklen_t peerLen)
 {
-    if (record_ || (peer->sa_family != AF_INET && peer->sa_family != AF_INET6) ||
-        upgradePending())
+    if (record_ || (peer->sa_family != AF_INET && peer->sa_family != AF_INET6) || upgradePending())
         return; // an upgrade makes its record when it is decided
     sockaddr_storage local{};
     socklen_t llen = sizeof(local);

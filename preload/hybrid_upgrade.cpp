@@ -62,6 +62,9 @@ int exchange(Socket &s, const void *out, size_t outLen, void *in, size_t inLen, 
     return 0;
 }
 
+// How long a client waits for the server's answer to its token (see clientUpgradeLocked).
+constexpr int64_t kAckWaitMs = 30000;
+
 } // namespace
 
 std::shared_ptr<HybridSocket> HybridSocket::acceptedKernel(int fd, int family, bool nonblocking,
@@ -178,9 +181,9 @@ void HybridSocket::stayKernelLocked(Fallback why, const char *detail)
             fallbackCounted_ = true;
             countFallback(why);
             if (!record_ && plen)
-                record_ = std::make_unique<ConnRecord>(
-                    fd_, false, why, accepted_, reinterpret_cast<sockaddr *>(&local), llen,
-                    reinterpret_cast<sockaddr *>(&peer), plen);
+                record_ = std::make_unique<ConnRecord>(fd_, false, why, accepted_,
+                                                       reinterpret_cast<sockaddr *>(&local), llen,
+                                                       reinterpret_cast<sockaddr *>(&peer), plen);
             if (record_)
                 record_->markEstablished();
         }
@@ -252,7 +255,7 @@ void HybridSocket::sendOfferLocked()
         stayKernelLocked(Fallback::NotUpgraded, "the HELLO could not be sent");
         return;
     }
-    upgradeDeadlineMs_ = nowMs() + config_.upgradeTimeoutMs;
+    upgradeDeadlineMs_ = 0; // the wait starts with the first I/O: a client may idle first
     upgrade_.store(Upgrade::AwaitReply, std::memory_order_release);
 }
 
@@ -303,12 +306,27 @@ int HybridSocket::clientUpgradeLocked(int flags)
                     uint8_t token[wire::kUpgradeTokenSize];
                     wire::encodeToken(msg.token, token);
                     uint8_t ack = 0;
-                    if (e == 0)
-                        e = exchange(*s, token, sizeof(token), &ack, 1,
-                                     nowMs() + config_.upgradeTimeoutMs);
-                    if (e == 0 && ack == wire::kUpgradeAck) {
-                        adoptUpgradedLocked(std::move(s), false);
-                        return 0;
+                    if (e == 0) {
+                        // Once the token is out the server may take the connection at any
+                        // moment: only its answer (the ack, or closing a token it does not
+                        // expect) decides, so the wait is long, a bound for a server that
+                        // stopped, not a timeout to fall back on.
+                        e = exchange(*s, token, sizeof(token), &ack, 1, nowMs() + kAckWaitMs);
+                        if (e == 0 && ack == wire::kUpgradeAck) {
+                            adoptUpgradedLocked(std::move(s), false);
+                            return 0;
+                        }
+                        if (e != -ECONNRESET && e != -EPIPE) {
+                            // No answer: whether the server took it is unknown, so neither
+                            // path is safe. The connection fails, as a reset one would.
+                            s->close();
+                            sys::shutdown(fd_, SHUT_RDWR);
+                            upgrade_.store(Upgrade::None, std::memory_order_release);
+                            stayKernelLocked(Fallback::NotUpgraded,
+                                             "the server did not answer the token: connection "
+                                             "shut down");
+                            return 0;
+                        }
                     }
                     if (s)
                         s->close();
@@ -320,6 +338,8 @@ int HybridSocket::clientUpgradeLocked(int flags)
                 }
             }
             // Nothing yet, or part of a reply.
+            if (!upgradeDeadlineMs_)
+                upgradeDeadlineMs_ = nowMs() + config_.upgradeTimeoutMs;
             const int64_t left = upgradeDeadlineMs_ - nowMs();
             if (left <= 0) {
                 sendUpgradeMessage(static_cast<int>(wire::UpgradeType::Cancel));
@@ -454,15 +474,16 @@ int HybridSocket::serveUpgradeLocked(bool blocking)
     }
     pendingUl_ = std::move(ul);
     pendingToken_ = token;
-    upgradeDeadlineMs_ = nowMs() + config_.upgradeTimeoutMs;
     upgrade_.store(Upgrade::ServerAwait, std::memory_order_release);
     return serverAwaitLocked(blocking);
 }
 
 // The client has the ACCEPT: its fabric connection (claimed by token), a CANCEL, or the end
-// decides. A blocking call waits for it; a nonblocking one (an event loop, which must never
-// wait for one client while others could be served) gets -EAGAIN, and the poller wakes it when
-// the fabric connection or the kernel side has news (prepareWait).
+// decides. The client sends one of them at its first I/O, whenever that is, as it would send
+// its first bytes: so there is no deadline here, and a blocking call waits as a read waits for
+// data (a signal interrupts it: EINTR, the next call goes on). A nonblocking one (an event
+// loop, which must never wait for one client while others could be served) gets -EAGAIN, and
+// the poller wakes it when the fabric connection or the kernel side has news (prepareWait).
 int HybridSocket::serverAwaitLocked(bool blocking)
 {
     for (;;) {
@@ -498,17 +519,9 @@ int HybridSocket::serverAwaitLocked(bool blocking)
             pendingUl_->forget(pendingToken_);
             pendingUl_.reset();
             upgrade_.store(Upgrade::None, std::memory_order_release);
-            stayKernelLocked(Fallback::NotUpgraded, cancel ? "the client cancelled"
+            stayKernelLocked(Fallback::NotUpgraded, cancel   ? "the client cancelled"
                                                     : r == 0 ? "closed"
                                                              : "the client wrote data instead");
-            return 0;
-        }
-        const int64_t left = upgradeDeadlineMs_ - nowMs();
-        if (left <= 0) {
-            pendingUl_->forget(pendingToken_);
-            pendingUl_.reset();
-            upgrade_.store(Upgrade::ExpectCancel, std::memory_order_release);
-            stayKernelLocked(Fallback::NotUpgraded, "no fabric connection from the client in time");
             return 0;
         }
         if (!blocking)
@@ -519,9 +532,9 @@ int HybridSocket::serverAwaitLocked(bool blocking)
             fds.push_back({fd_, POLLIN, 0});
         if (pendingUl_->prepareWait(&fds) == -EAGAIN)
             continue;
-        const int wait = static_cast<int>(std::min<int64_t>(left, 5));
-        const timespec ts{0, wait * 1000000L};
-        sys::ppoll(fds.data(), fds.size(), &ts, nullptr); // a signal: look again
+        const timespec tick{0, 10 * 1000000L};
+        if (sys::ppoll(fds.data(), fds.size(), &tick, nullptr) == -EINTR)
+            return -EINTR;
     }
 }
 

@@ -37,9 +37,8 @@ enum class Fallback : uint8_t
     Count
 };
 constexpr const char *kFallbackNames[] = {
-    "none",           "refused",   "timeout",     "excluded",    "ports",     "negative_cache",
-    "provider_error", "port_busy", "kernel_peer", "unsupported", "fork_child",
-    "not_upgraded"};
+    "none",           "refused",   "timeout",     "excluded",    "ports",      "negative_cache",
+    "provider_error", "port_busy", "kernel_peer", "unsupported", "fork_child", "not_upgraded"};
 static_assert(sizeof(kFallbackNames) / sizeof(kFallbackNames[0]) ==
               static_cast<size_t>(Fallback::Count));
 constexpr int kFallbackCount = static_cast<int>(Fallback::Count);

@@ -321,10 +321,10 @@ private:
     State state_ = State::Idle;
     int error_ = 0; // sticky -errno once the connection failed
     bool iwarp_ = false;
-    bool peerShutWr_ = false; // EOF arrives after the ring drains
-    bool peerGone_ = false;   // the provider reported the endpoint shut down
+    bool peerShutWr_ = false;           // EOF arrives after the ring drains
+    bool peerGone_ = false;             // the provider reported the endpoint shut down
     std::atomic<bool> deferred_{false}; // refused with a Defer refusal
-    bool shutWr_ = false;     // we want SHUT_WR sent after the data
+    bool shutWr_ = false;               // we want SHUT_WR sent after the data
     bool shutWrSent_ = false;
     bool disconnectSent_ = false;
     bool shutRd_ = false;

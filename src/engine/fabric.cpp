@@ -10,8 +10,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <pthread.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sys/random.h>
 
 #include "address.h"

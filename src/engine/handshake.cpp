@@ -176,8 +176,7 @@ void Connection::processEqLocked()
                 return;
             changed_ = true;
             if (state_ == State::Connecting && err.err == ECONNREFUSED && err.err_data &&
-                wire::decodeRefusal(err.err_data, err.err_data_size) ==
-                    wire::RefusalReason::Defer)
+                wire::decodeRefusal(err.err_data, err.err_data_size) == wire::RefusalReason::Defer)
                 deferred_.store(true, std::memory_order_release);
             if (state_ == State::Connecting) {
                 // What the kernel said about the peer's address carries over, as connect(2)

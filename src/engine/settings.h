@@ -34,7 +34,7 @@ struct Settings
     // The preload shim's sockets: a connect says it can take a Defer refusal (and upgrade
     // in-band); a listener defers such connects from other processes (listener.h).
     bool upgrade = false;
-    std::string provider;        // empty: verbs when usable, else tcp
+    std::string provider; // empty: verbs when usable, else tcp
 
     // The defaults overridden by RSTREAM_* environment variables (the registry in configvars.h
     // parses and checks them). Invalid values are logged once and ignored.

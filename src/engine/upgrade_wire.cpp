@@ -54,7 +54,7 @@ RefusalReason decodeRefusal(const void *data, size_t len)
     if (getBe(p, 4) != kMagic || getBe(p + 4, 2) != kVersion)
         return RefusalReason::None;
     return getBe(p + 6, 2) == static_cast<uint16_t>(RefusalReason::Defer) ? RefusalReason::Defer
-                                                                           : RefusalReason::None;
+                                                                          : RefusalReason::None;
 }
 
 size_t encodeUpgrade(const UpgradeMessage &msg, uint8_t out[kUpgradeMaxSize])
@@ -81,8 +81,8 @@ UpgradeMatch matchUpgrade(const void *data, size_t len, UpgradeMessage *msg, siz
     if (type < static_cast<uint8_t>(UpgradeType::Hello) ||
         type > static_cast<uint8_t>(UpgradeType::Cancel))
         return UpgradeMatch::No;
-    const size_t need = type == static_cast<uint8_t>(UpgradeType::Accept) ? kUpgradeAcceptSize
-                                                                          : kUpgradeHeaderSize;
+    const size_t need =
+        type == static_cast<uint8_t>(UpgradeType::Accept) ? kUpgradeAcceptSize : kUpgradeHeaderSize;
     // Reserved bytes seen so far must be zero.
     const size_t seen = len < need ? len : need;
     if (!allZero(p + 9, (seen < 16 ? seen : 16) - 9))

@@ -161,7 +161,7 @@ struct Hello
     uint32_t ringSize = 0;  // bytes
     uint32_t rxSlots = 0;   // receive slots posted: the peer's initial message credits
     uint32_t ioMapSize = 0; // riomap() windows the sender accepts from its peer (0 .. kMaxIoMaps)
-    uint32_t process = 0; // kFlagUpgrade: a random id of the connecting process, else 0
+    uint32_t process = 0;   // kFlagUpgrade: a random id of the connecting process, else 0
 
     bool operator==(const Hello &) const = default;
 };

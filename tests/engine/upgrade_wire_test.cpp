@@ -35,9 +35,9 @@ TEST(UpgradeWire, AcceptBytes)
     m.port = 0x1234;
     m.token = 0x0102030405060708ull;
     ASSERT_EQ(encodeUpgrade(m, buf), kUpgradeAcceptSize);
-    const uint8_t expect[kUpgradeAcceptSize] = {0xff, 'R', 'S', 'T', 'U', 'P', 'G', 1, 2, 0, 0,
+    const uint8_t expect[kUpgradeAcceptSize] = {0xff, 'R', 'S', 'T', 'U', 'P',  'G',  1, 2, 0, 0,
                                                 0,    0,   0,   0,   0,   0x12, 0x34, 0, 0, 0, 0,
-                                                0,    0,   1,   2,   3,   4,   5,   6,   7, 8};
+                                                0,    0,   1,   2,   3,   4,    5,    6, 7, 8};
     EXPECT_EQ(std::memcmp(buf, expect, sizeof(expect)), 0);
     UpgradeMessage out;
     size_t size = 0;
@@ -50,8 +50,8 @@ TEST(UpgradeWire, AcceptBytes)
 
 TEST(UpgradeWire, EveryPrefixIsPartialAndEveryAlterationIsData)
 {
-    for (auto type : {UpgradeType::Hello, UpgradeType::Accept, UpgradeType::Decline,
-                      UpgradeType::Cancel}) {
+    for (auto type :
+         {UpgradeType::Hello, UpgradeType::Accept, UpgradeType::Decline, UpgradeType::Cancel}) {
         uint8_t buf[kUpgradeMaxSize];
         UpgradeMessage m;
         m.type = type;
@@ -86,8 +86,8 @@ TEST(UpgradeWire, ApplicationDataIsNeverAnUpgrade)
 {
     UpgradeMessage out;
     size_t size = 0;
-    const char *texts[] = {"GET / HTTP/1.1\r\n", "*1\r\n$4\r\nPING\r\n", "\0\0\0\x08\x04\xd2\x16\x2f",
-                           "\xffRSTUPG\x02"};
+    const char *texts[] = {"GET / HTTP/1.1\r\n", "*1\r\n$4\r\nPING\r\n",
+                           "\0\0\0\x08\x04\xd2\x16\x2f", "\xffRSTUPG\x02"};
     for (const char *t : texts)
         EXPECT_EQ(matchUpgrade(t, 8, &out, &size), UpgradeMatch::No) << t;
     // An ACCEPT naming port 0 is not one.
