@@ -94,7 +94,11 @@ std::shared_ptr<Socket> HybridSocket::socket()
 }
 
 // The connection's record (and what it moved) goes with record_.
-HybridSocket::~HybridSocket() = default;
+HybridSocket::~HybridSocket()
+{
+    if (tickFd_ >= 0)
+        sys::close(tickFd_);
+}
 
 void HybridSocket::setNonblocking(bool on)
 {
@@ -403,6 +407,9 @@ void HybridSocket::markInherited()
         // The client connects to the parent's upgrade listener, which is not the child's.
         upgrade_.store(Upgrade::ExpectCancel, std::memory_order_relaxed);
         pendingUl_.reset(); // the parent's table keeps the listener itself
+        if (tickFd_ >= 0)
+            sys::close(tickFd_); // the child's copy
+        tickFd_ = -1;
     }
     std::lock_guard<std::mutex> lock(mutex_);
     noFabric_ = true;
@@ -493,6 +500,10 @@ int HybridSocket::prepareWait(std::vector<pollfd> *fds, int events)
 void HybridSocket::addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered)
 {
     settle();
+    if (upgradePending()) {
+        upgradeAddWaiter(eventFd, registered);
+        return;
+    }
     std::shared_ptr<Socket> s = socket();
     Mode m = mode();
     if (s && (m == Mode::Fabric || m == Mode::Listener))

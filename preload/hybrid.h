@@ -61,6 +61,7 @@ public:
     // (false: nothing to do). Never block: they only try the upgrade's lock.
     int upgradeWaitFds(std::vector<pollfd> *fds);
     bool upgradeProgress();
+    void upgradeAddWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered);
     // For exec: the upgrade state worth carrying into the new program ('s': a server socket that
     // has not seen its peer's first bytes, 'c': a client that has not sent its HELLO), or 0.
     char inheritableUpgrade();
@@ -147,6 +148,8 @@ private:
     int serverUpgradeLocked(bool out, int flags);
     int serveUpgradeLocked(bool blocking);
     int serverAwaitLocked(bool blocking);
+    void startTickLocked();
+    void endServerAwaitLocked();
     // Reads the first bytes of the kernel stream without taking them: > 0, 0 at EOF, -errno.
     ssize_t peekKernel(void *buf, size_t len, bool wait);
     // Takes len bytes that a peek showed.
@@ -247,6 +250,7 @@ private:
     bool helloSeen_ = false;        // server: the client offered (for the fallback reason)
     std::shared_ptr<UpgradeListener> pendingUl_; // ServerAwait: where the client connects
     uint64_t pendingToken_ = 0;                  // ServerAwait: the token it brings
+    int tickFd_ = -1;                            // ServerAwait: wakes pollers (a timerfd)
 };
 
 } // namespace rstream::shim

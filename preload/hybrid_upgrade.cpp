@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <sys/timerfd.h>
 
 #include "address.h"
 #include "clock.h"
@@ -64,6 +65,8 @@ int exchange(Socket &s, const void *out, size_t outLen, void *in, size_t inLen, 
 
 // How long a client waits for the server's answer to its token (see clientUpgradeLocked).
 constexpr int64_t kAckWaitMs = 30000;
+// How often a poller looks at a server socket waiting for its client (startTickLocked).
+constexpr long kTickMs = 20;
 
 } // namespace
 
@@ -474,6 +477,7 @@ int HybridSocket::serveUpgradeLocked(bool blocking)
     }
     pendingUl_ = std::move(ul);
     pendingToken_ = token;
+    startTickLocked();
     upgrade_.store(Upgrade::ServerAwait, std::memory_order_release);
     return serverAwaitLocked(blocking);
 }
@@ -494,7 +498,7 @@ int HybridSocket::serverAwaitLocked(bool blocking)
         if (r < 0)
             claimed = pendingUl_->claim(pendingToken_);
         if (auto s = std::move(claimed)) {
-            pendingUl_.reset();
+            endServerAwaitLocked();
             const uint8_t ack = wire::kUpgradeAck;
             if (exchange(*s, &ack, 1, nullptr, 0, nowMs() + config_.upgradeTimeoutMs) == 0) {
                 adoptUpgradedLocked(std::move(s), true);
@@ -517,7 +521,7 @@ int HybridSocket::serverAwaitLocked(bool blocking)
             if (cancel)
                 consumeKernel(size);
             pendingUl_->forget(pendingToken_);
-            pendingUl_.reset();
+            endServerAwaitLocked();
             upgrade_.store(Upgrade::None, std::memory_order_release);
             stayKernelLocked(Fallback::NotUpgraded, cancel   ? "the client cancelled"
                                                     : r == 0 ? "closed"
@@ -546,7 +550,17 @@ int HybridSocket::upgradeWaitFds(std::vector<pollfd> *fds)
     if (upgrade_.load() != Upgrade::ServerAwait || !pendingUl_)
         return 1;
     fds->push_back({fd_, POLLIN, 0});
+    if (tickFd_ >= 0)
+        fds->push_back({tickFd_, POLLIN, 0});
     return pendingUl_->prepareWait(fds);
+}
+
+void HybridSocket::upgradeAddWaiter(int eventFd,
+                                    std::vector<std::shared_ptr<Connection>> *registered)
+{
+    std::unique_lock<std::mutex> lock(upgradeMutex_, std::try_to_lock);
+    if (lock.owns_lock() && upgrade_.load() == Upgrade::ServerAwait && pendingUl_)
+        pendingUl_->addWaiter(eventFd, registered);
 }
 
 bool HybridSocket::upgradeProgress()
@@ -554,8 +568,39 @@ bool HybridSocket::upgradeProgress()
     std::unique_lock<std::mutex> lock(upgradeMutex_, std::try_to_lock);
     if (!lock.owns_lock() || upgrade_.load() != Upgrade::ServerAwait)
         return false;
+    if (tickFd_ >= 0) {
+        uint64_t ticks;
+        if (sys::read(tickFd_, &ticks, sizeof(ticks)) < 0) {
+            // Not expired yet.
+        }
+    }
     serverAwaitLocked(false);
     return true;
+}
+
+// While the server waits for its client's fabric connection, pollers also wake every
+// kTickMs: the connection arrives through the progress thread and the upgrade listener, and
+// a wake-up missed there must cost a tick, not the client's whole wait.
+void HybridSocket::startTickLocked()
+{
+    if (tickFd_ >= 0)
+        return;
+    tickFd_ = sys::timerfdCreate(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (tickFd_ < 0) {
+        tickFd_ = -1; // pollers then wake on the listener's fds alone
+        return;
+    }
+    const itimerspec every{{0, kTickMs * 1000000L}, {0, kTickMs * 1000000L}};
+    timerfd_settime(tickFd_, 0, &every, nullptr);
+}
+
+void HybridSocket::endServerAwaitLocked()
+{
+    pendingUl_.reset();
+    if (tickFd_ >= 0) {
+        sys::close(tickFd_);
+        tickFd_ = -1;
+    }
 }
 
 } // namespace rstream::shim

@@ -7,6 +7,8 @@
 #include <dlfcn.h>
 #include <sys/syscall.h>
 
+#include <sys/timerfd.h>
+
 #include "shim_object.h"
 
 namespace rstream::shim {
@@ -127,6 +129,10 @@ int kEventfd(unsigned int v, int flags)
 {
     return moveHigh(shim().real.eventfd()(v, flags));
 }
+int kTimerfdCreate(int clock, int flags)
+{
+    return moveHigh(::timerfd_create(clock, flags)); // not interposed: libc's own
+}
 
 // The kernel seam (src/base/kernel.h) as the layers below the shim see it: the functions the
 // interposers forward to, never the interposers themselves.
@@ -153,6 +159,7 @@ constexpr sys::Calls gRealCalls = {
     .epollCtl = realEpollCtl,
     .epollWait = realEpollWait,
     .eventfd = kEventfd,
+    .timerfdCreate = kTimerfdCreate,
 };
 
 } // namespace

@@ -23,8 +23,8 @@
 #include <unistd.h>
 
 #include "configvars.h"
-#include "kernel.h"
 #include "connection.h"
+#include "kernel.h"
 #include "log.h"
 
 namespace rstream::shim {

@@ -141,7 +141,9 @@ void UpgradeListener::pumpLocked()
         if (listen_->accept(&s, nullptr, nullptr) < 0)
             break;
         s->setNonblocking(true);
+        RS_LOG(Debug, "upgrade: port %d: a fabric connection, its token not read yet", port_);
         unread_.push_back({std::move(s), nowMs() + kTokenWaitMs});
+        acceptGen_++;
     }
     const int64_t now = nowMs();
     std::erase_if(unread_, [&](Unread &u) {
@@ -152,6 +154,7 @@ void UpgradeListener::pumpLocked()
             u.sock->recv(&iov, 1, MSG_DONTWAIT);
             const uint64_t token = wire::decodeToken(buf);
             if (expected_.erase(token)) {
+                RS_LOG(Debug, "upgrade: port %d: a token arrived", port_);
                 arrived_[token] = std::move(u.sock);
             } else {
                 RS_LOG(Info, "upgrade: a fabric connection with a token nobody waits for: closed");
@@ -169,11 +172,22 @@ void UpgradeListener::pumpLocked()
     });
 }
 
+void UpgradeListener::addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto &u : unread_)
+        u.sock->addWaiter(eventFd, registered);
+    waitedGen_ = acceptGen_;
+}
+
 int UpgradeListener::prepareWait(std::vector<pollfd> *fds)
 {
     std::lock_guard<std::mutex> lock(mutex_);
-    // A connection queued or a token arrived since the last look: not a time to sleep.
-    if (!arrived_.empty() || listen_->prepareWait(fds, POLLIN) == -EAGAIN)
+    // A connection queued or a token arrived since the last look, or one accepted after the
+    // poller registered its wake-up (the progress thread may take its events and wake only
+    // registered pollers): not a time to sleep.
+    if (!arrived_.empty() || acceptGen_ != waitedGen_ ||
+        listen_->prepareWait(fds, POLLIN) == -EAGAIN)
         return -EAGAIN;
     for (auto &u : unread_)
         if (u.sock->prepareWait(fds, POLLIN) == -EAGAIN)

@@ -41,6 +41,9 @@ public:
     // The fds to sleep on for the next arrival (the listener's and unread connections'), or
     // -EAGAIN when something arrived already (look again instead of sleeping).
     int prepareWait(std::vector<pollfd> *fds);
+    // Registers a poller's eventfd with the connections whose token is awaited: the progress
+    // thread may take their events (and so their wait fds' readiness) and then signals it.
+    void addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered);
 
 private:
     struct Unread
@@ -56,6 +59,8 @@ private:
     std::set<uint64_t> expected_;
     std::map<uint64_t, std::shared_ptr<Socket>> arrived_;
     std::vector<Unread> unread_; // accepted, token not read yet
+    uint64_t acceptGen_ = 0;     // connections accepted so far
+    uint64_t waitedGen_ = 0;     // acceptGen_ when a poller last registered its wake-up
 };
 
 } // namespace rstream::shim

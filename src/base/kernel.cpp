@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 namespace rstream::sys {
@@ -32,6 +33,7 @@ const Calls kLibc = {
     .epollCtl = ::epoll_ctl,
     .epollWait = ::epoll_wait,
     .eventfd = ::eventfd,
+    .timerfdCreate = ::timerfd_create,
 };
 
 constinit std::atomic<const Calls *> gCalls{&kLibc};

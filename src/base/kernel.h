@@ -42,6 +42,7 @@ struct Calls
     int (*epollCtl)(int, int, int, epoll_event *);
     int (*epollWait)(int, epoll_event *, int, int);
     int (*eventfd)(unsigned int, int);
+    int (*timerfdCreate)(int, int);
 };
 
 // libc's functions.
@@ -156,6 +157,10 @@ inline int epollWait(int epfd, epoll_event *events, int maxevents, int timeoutMs
 inline int eventfd(unsigned int initval, int flags)
 {
     return ret(calls().eventfd(initval, flags));
+}
+inline int timerfdCreate(int clock, int flags)
+{
+    return ret(calls().timerfdCreate(clock, flags));
 }
 
 } // namespace rstream::sys

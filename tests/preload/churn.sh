@@ -119,10 +119,15 @@ signals)
 	# An ignored SIGINT stays ignored, through rstream-run and straight from the environment,
 	# once libfabric is loaded too (the program listens under the shim).
 	for how in rstream-run LD_PRELOAD; do
+		# A port whose fabric port is free too (an ephemeral one's may be taken: then the
+		# listener is kernel TCP only and libfabric is never loaded).
+		pport=$(pick_port "$offset") || fail "no free port"
 		if [ "$how" = rstream-run ]; then
-			env --ignore-signal=INT "$run" --lib "$lib" -- "$prog" pause >"$work/ignored.log" 2>&1 &
+			env --ignore-signal=INT "$run" --lib "$lib" -- "$prog" pause "$pport" \
+				>"$work/ignored.log" 2>&1 &
 		else
-			env --ignore-signal=INT LD_PRELOAD="$lib" "$prog" pause >"$work/ignored.log" 2>&1 &
+			env --ignore-signal=INT LD_PRELOAD="$lib" "$prog" pause "$pport" \
+				>"$work/ignored.log" 2>&1 &
 		fi
 		pid=$!
 		pids+=("$pid")

@@ -5,7 +5,7 @@
 //
 //   churn_prog server PORT PORTFILE  echo server on 127.0.0.1:PORT (0: any); writes the port
 //   churn_prog client PORT SECONDS   clients against it; fails on a wrong reply or a stall
-//   churn_prog pause                 listens on 127.0.0.1 (under the shim this loads libfabric),
+//   churn_prog pause [PORT]          listens on 127.0.0.1 (under the shim this loads libfabric),
 //                                    prints "ready", then waits
 
 #include <arpa/inet.h>
@@ -300,10 +300,11 @@ int main(int argc, char **argv)
 {
     if (argc == 4 && std::strcmp(argv[1], "server") == 0)
         return server(std::atoi(argv[2]), argv[3]);
-    if (argc == 2 && std::strcmp(argv[1], "pause") == 0) {
+    if ((argc == 2 || argc == 3) && std::strcmp(argv[1], "pause") == 0) {
         int fd = socket(AF_INET, SOCK_STREAM, 0);
         sockaddr_in a{};
         a.sin_family = AF_INET;
+        a.sin_port = htons(static_cast<uint16_t>(argc == 3 ? std::atoi(argv[2]) : 0));
         a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         if (fd < 0 || bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) < 0 ||
             listen(fd, 1) < 0) {
@@ -317,6 +318,7 @@ int main(int argc, char **argv)
     }
     if (argc == 4 && std::strcmp(argv[1], "client") == 0)
         return Clients(std::atoi(argv[2])).run(std::atof(argv[3]));
-    std::fprintf(stderr, "usage: %s server PORT PORTFILE | client PORT SECONDS | pause\n", argv[0]);
+    std::fprintf(stderr, "usage: %s server PORT PORTFILE | client PORT SECONDS | pause [PORT]\n",
+                 argv[0]);
     return 2;
 }
