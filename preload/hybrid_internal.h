@@ -5,12 +5,18 @@
 #include <string>
 
 #include "settings.h"
+#include "socket.h"
 #include "statexport.h"
 
 namespace rstream::shim {
 
 // The fabric is about to be used by this process (see engineUsed()).
 void noteEngineUsed();
+
+// The upgrade's exchange on a new fabric socket: sends out (if any), then reads exactly inLen
+// bytes, by deadline; 0, or -ECONNRESET when the other end closed, or -errno.
+int upgradeExchange(Socket &s, const void *out, size_t outLen, void *in, size_t inLen,
+                    int64_t deadline);
 
 // The engine's settings for the shim's fabric sockets: their connects can take a Defer
 // refusal, their listeners defer other processes' connects (Settings::upgrade).
