@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -27,25 +28,41 @@ namespace {
 class WakeFd
 {
 public:
-    WakeFd() : fd_(std::max(sys::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), -1)) {}
     ~WakeFd()
     {
         if (fd_ >= 0)
             sys::close(fd_);
     }
-    int fd() const { return fd_; }
+    // Made on first use.
+    int fd()
+    {
+        if (fd_ < 0)
+            fd_ = std::max(sys::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), -1);
+        return fd_;
+    }
     void drain() const
     {
         uint64_t v;
         while (sys::read(fd_, &v, sizeof(v)) > 0) {
         }
     }
+    // In a fork child the forking thread's eventfd is still the parent's (fork shares open
+    // files): the parent or a sibling child could drain a wake-up meant for this process. The
+    // child makes one of its own.
+    void forgetAfterFork()
+    {
+        if (fd_ >= 0)
+            sys::close(fd_);
+        fd_ = -1;
+    }
 
 private:
-    int fd_;
+    int fd_ = -1;
 };
 
 thread_local WakeFd tWakeFd;
+[[maybe_unused]] const int gForkHandlers =
+    pthread_atfork(nullptr, nullptr, [] { tWakeFd.forgetAfterFork(); });
 } // namespace
 
 int Connection::wait(int events, int timeoutMs)

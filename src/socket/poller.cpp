@@ -48,6 +48,19 @@ public:
         if (fd_ >= 0)
             (void)sys::read(fd_, &v, sizeof(v)); // -EAGAIN: nothing to drain
     }
+    // In a fork child the forking thread's eventfd is still the parent's (fork shares open
+    // files): a write meant for one process could be drained by another one sleeping on it (the
+    // parent or a sibling child), and the sleeper it was meant for would miss it for good. The
+    // child's copy is closed and the child makes one of its own on first use.
+    void forgetAfterFork()
+    {
+        if (fd_ < 0)
+            return;
+        sys::close(fd_);
+        fd_ = -1;
+        if (const pthread_key_t *k = key())
+            pthread_setspecific(*k, nullptr);
+    }
 
 private:
     // The key whose destructor closes a thread's fd; null if none could be had (the fd then
@@ -64,6 +77,8 @@ private:
     int fd_ = -1;
 };
 thread_local ThreadWake tWake;
+[[maybe_unused]] const int gForkHandlers =
+    pthread_atfork(nullptr, nullptr, [] { tWake.forgetAfterFork(); });
 
 // Waiter registrations, undone on every way out (return, exception, pthread_cancel unwind).
 class Waiters

@@ -15,7 +15,10 @@ def echo(conn):
         if not data:
             break
         conn.sendall(data)
-    conn.shutdown(socket.SHUT_WR)
+    try:
+        conn.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # the client closed first
     conn.close()
 
 
