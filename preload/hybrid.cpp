@@ -452,8 +452,20 @@ int HybridSocket::pollEvents(int events)
         return 0; // the server waits for its client's fabric connection
     auto [s, m] = snapshot();
     switch (m) {
-    case Mode::Fabric:
-        return s ? s->pollEvents(events) : 0; // none: connecting, waiting for libfabric
+    case Mode::Fabric: {
+        if (!s)
+            return 0; // connecting, waiting for libfabric
+        const int rev = s->pollEvents(events);
+        // A background fabric attempt that failed since settle() looked (refused: nothing
+        // there, or a listener that defers) is no error of the program's connection: the
+        // kernel connect takes over, so settle again and answer for that.
+        if ((rev & (POLLERR | POLLHUP)) && tentative_.load(std::memory_order_acquire)) {
+            settle();
+            if (!tentative_.load(std::memory_order_acquire) && mode() != Mode::Fabric)
+                return pollEvents(events);
+        }
+        return rev;
+    }
     case Mode::Listener: {
         int rev = kernelPollNow(POLLIN);
         if (s)
