@@ -112,8 +112,8 @@ for kind in shim plain; do
 	[ "$out" = 1 ] || fail "psql ($kind): select 1 answered '$out'"
 	ms=$((($(date +%s%N) - t0) / 1000000))
 	log "psql ($kind): select 1 in $ms ms"
-	# Generous: the shim's first socket loads libfabric; the fabric connect timeout is 2 s.
-	[ "$ms" -lt 2000 ] || fail "psql ($kind): select 1 took $ms ms"
+	# Generous: the shim's first socket loads libfabric (0.3 s, over 1.5 s on a loaded machine).
+	[ "$ms" -lt 5000 ] || fail "psql ($kind): select 1 took $ms ms"
 done
 
 # A smart shutdown: the statistics of the postmaster and of its last processes are written.
