@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <sys/socket.h>
 
 #include "settings.h"
 #include "socket.h"
@@ -12,6 +13,16 @@ namespace rstream::shim {
 
 // The fabric is about to be used by this process (see engineUsed()).
 void noteEngineUsed();
+
+// A kernel socket's local and peer addresses (length 0: not known), for records and logs.
+struct KernelAddresses
+{
+    sockaddr_storage local{}, peer{};
+    socklen_t localLen = sizeof(local), peerLen = sizeof(peer);
+    const sockaddr *localAddr() const { return reinterpret_cast<const sockaddr *>(&local); }
+    const sockaddr *peerAddr() const { return reinterpret_cast<const sockaddr *>(&peer); }
+};
+KernelAddresses kernelAddresses(int fd);
 
 // The upgrade's exchange on a new fabric socket: sends out (if any), then reads exactly inLen
 // bytes, by deadline; 0, or -ECONNRESET when the other end closed, or -errno.

@@ -167,14 +167,20 @@ bool HybridSocket::sendUpgradeMessage(int type, uint16_t port, uint64_t token)
     return sys::sendmsg(fd_, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(n);
 }
 
+KernelAddresses kernelAddresses(int fd)
+{
+    KernelAddresses a;
+    if (sys::getsockname(fd, reinterpret_cast<sockaddr *>(&a.local), &a.localLen) != 0)
+        a.localLen = 0;
+    if (sys::getpeername(fd, reinterpret_cast<sockaddr *>(&a.peer), &a.peerLen) != 0)
+        a.peerLen = 0;
+    return a;
+}
+
 void HybridSocket::stayKernelLocked(Fallback why, const char *detail)
 {
-    sockaddr_storage local{}, peer{};
-    socklen_t llen = sizeof(local), plen = sizeof(peer);
-    if (sys::getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen) != 0)
-        llen = 0;
-    if (sys::getpeername(fd_, reinterpret_cast<sockaddr *>(&peer), &plen) != 0)
-        plen = 0;
+    const KernelAddresses a = kernelAddresses(fd_);
+    const socklen_t plen = a.peerLen;
     {
         std::lock_guard<std::mutex> lock(mutex_);
         if (!fallbackCounted_) {
@@ -182,35 +188,29 @@ void HybridSocket::stayKernelLocked(Fallback why, const char *detail)
             fallbackCounted_ = true;
             countFallback(why);
             if (!record_ && plen)
-                record_ = std::make_unique<ConnRecord>(fd_, false, why, accepted_,
-                                                       reinterpret_cast<sockaddr *>(&local), llen,
-                                                       reinterpret_cast<sockaddr *>(&peer), plen);
+                record_ = std::make_unique<ConnRecord>(fd_, false, why, accepted_, a.localAddr(),
+                                                       a.localLen, a.peerAddr(), plen);
             if (record_)
                 record_->markEstablished();
         }
     }
     if (why == Fallback::KernelPeer)
         RS_LOG_FD(Info, fd_, "kernel TCP from %s: %s (the peer connected over kernel TCP)",
-                  plen ? addressText(reinterpret_cast<sockaddr *>(&peer)).c_str() : "?",
-                  fallbackName(why));
+                  plen ? addressText(a.peerAddr()).c_str() : "?", fallbackName(why));
     else if (why == Fallback::NotUpgraded)
         RS_LOG_FD(Info, fd_, "kernel TCP %s %s: not upgraded: %s", accepted_ ? "from" : "to",
-                  plen ? describe(reinterpret_cast<sockaddr *>(&peer)).c_str() : "?", detail);
+                  plen ? describe(a.peerAddr()).c_str() : "?", detail);
     kernelGen_++;
 }
 
 void HybridSocket::adoptUpgradedLocked(std::shared_ptr<Socket> s, bool accepted)
 {
     s->setNonblocking(nonblocking());
-    sockaddr_storage local{}, peer{};
-    socklen_t llen = sizeof(local), plen = sizeof(peer);
-    if (sys::getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen) != 0)
-        llen = 0;
-    if (sys::getpeername(fd_, reinterpret_cast<sockaddr *>(&peer), &plen) != 0)
-        plen = 0;
-    auto record = std::make_unique<ConnRecord>(fd_, true, Fallback::None, accepted,
-                                               reinterpret_cast<sockaddr *>(&local), llen,
-                                               reinterpret_cast<sockaddr *>(&peer), plen);
+    const KernelAddresses a = kernelAddresses(fd_);
+    const sockaddr_storage &local = a.local, &peer = a.peer;
+    const socklen_t llen = a.localLen, plen = a.peerLen;
+    auto record = std::make_unique<ConnRecord>(fd_, true, Fallback::None, accepted, a.localAddr(),
+                                               llen, a.peerAddr(), plen);
     record->setConnection(s->connection());
     {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -233,7 +233,7 @@ void HybridSocket::adoptUpgradedLocked(std::shared_ptr<Socket> s, bool accepted)
     sys::shutdown(fd_, SHUT_RDWR);
     countFabricConnection();
     RS_LOG_FD(Debug, fd_, "upgraded to the fabric (%s %s)", accepted ? "from" : "to",
-              plen ? describe(reinterpret_cast<sockaddr *>(&peer)).c_str() : "?");
+              plen ? describe(a.peerAddr()).c_str() : "?");
 }
 
 void HybridSocket::sendOffer()
