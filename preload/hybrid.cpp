@@ -489,6 +489,12 @@ int HybridSocket::prepareWait(std::vector<pollfd> *fds, int events)
     switch (m) {
     case Mode::Fabric:
         if (!s) {
+            {
+                // The light probe's answer or deadline wakes the poller.
+                std::lock_guard<std::mutex> lock(mutex_);
+                if (pending_ && pending_->probe)
+                    return pending_->probe->waitFds(fds);
+            }
             // Waiting for libfabric to load: the load's eventfd wakes the poller, which looks
             // again (and the attempt starts then).
             const int loadFd = fabricLoadFd();

@@ -24,6 +24,30 @@ namespace rstream::shim {
 
 class UpgradeListener;
 
+// A kernel TCP connect to a destination's fabric port (hybrid_probe.cpp): whether anything
+// listens there, before libfabric is loaded.
+struct LightProbe
+{
+    int fd = -1;
+    int timerFd = -1; // wakes pollers at the deadline
+    int64_t deadlineMs = 0;
+    LightProbe() = default;
+    LightProbe(const LightProbe &) = delete;
+    LightProbe &operator=(const LightProbe &) = delete;
+    ~LightProbe();
+    // Starts it: 0 (connecting or connected) or -errno (refused at once, no fd...).
+    int start(const sockaddr *dest, socklen_t len, int timeoutMs);
+    // 0: something listens; -EINPROGRESS: not known yet; -errno: nothing (-ETIMEDOUT past
+    // the deadline).
+    int status();
+    // The fds that wake a poller when status() may have changed; -EAGAIN: look again.
+    int waitFds(std::vector<pollfd> *fds);
+    // The whole probe, blocking (sleeps in ppoll): status()'s answer.
+    static int run(const sockaddr *dest, socklen_t len, int timeoutMs);
+};
+// Whether connects use the light probe now (the tcp provider, libfabric not loaded yet).
+bool lightProbeApplies();
+
 // Whether this process has used the fabric (a fork child of such a process must not).
 bool engineUsed();
 
@@ -185,6 +209,9 @@ private:
         Settle
     };
     int settledSnapshot(Wait wait, std::shared_ptr<Socket> *s, Mode *m);
+    // A blocking call on a socket whose light probe is under way: sleeps until it may have
+    // news (at most 100 ms); false when no probe runs.
+    bool waitProbe();
     Wait wait(int flags); // for send and recv
     // send (out) or recv on the engine, or on the kernel fd after a fallback.
     ssize_t io(bool out, const iovec *iov, int iovcnt, int flags);
@@ -205,6 +232,8 @@ private:
         std::string key; // the fabric destination (negative cache)
         int port = 0;
         int fport = 0;
+        // Before the attempt (and libfabric's load): whether anything listens on fport.
+        std::unique_ptr<LightProbe> probe;
     };
     std::unique_ptr<Pending> pending_;
     std::atomic<bool> tentative_{false};

@@ -128,11 +128,18 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
         } else {
             std::shared_ptr<Socket> s;
             int r;
+            std::unique_ptr<LightProbe> probe;
             if (nonblocking()) {
                 // A nonblocking connect returns at once; the attempt settles later (settle()),
-                // and starts later too while libfabric loads in the background.
-                const bool loading = loadFabricInBackground(Settings::fromEnv());
-                if (loading) {
+                // and starts later too while the light probe runs or libfabric loads in the
+                // background.
+                if (lightProbeApplies()) {
+                    probe = std::make_unique<LightProbe>();
+                    r = probe->start(reinterpret_cast<sockaddr *>(&dest), len,
+                                     config_.connectTimeoutMs);
+                    if (r == 0)
+                        r = -EINPROGRESS;
+                } else if (loadFabricInBackground(Settings::fromEnv())) {
                     noteEngineUsed();
                     r = -EINPROGRESS;
                 } else {
@@ -147,13 +154,19 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
                     pending_->key = key;
                     pending_->port = port;
                     pending_->fport = fport;
-                    sock_ = std::move(s); // none yet while loading
+                    pending_->probe = std::move(probe);
+                    sock_ = std::move(s); // none yet while probing or loading
                     mode_.store(Mode::Fabric, std::memory_order_release);
                     tentative_.store(true, std::memory_order_release);
                     return -EINPROGRESS;
                 }
             } else {
-                r = connectFabric(reinterpret_cast<sockaddr *>(&dest), len, &s);
+                // A refusal of the light probe: nothing listens there, libfabric not needed.
+                r = lightProbeApplies() ? LightProbe::run(reinterpret_cast<sockaddr *>(&dest), len,
+                                                          config_.connectTimeoutMs)
+                                        : 0;
+                if (r == 0)
+                    r = connectFabric(reinterpret_cast<sockaddr *>(&dest), len, &s);
             }
             if (r == 0) {
                 std::lock_guard<std::mutex> lock(mutex_);
@@ -271,6 +284,8 @@ int HybridSocket::settledSnapshot(Wait wait, std::shared_ptr<Socket> *s, Mode *m
         if (!*s) {
             if (wait == Wait::No)
                 return -EAGAIN;
+            if (tentative && waitProbe())
+                continue;
             if (!tentative || fabricLoadFd() < 0)
                 return -ENOTCONN; // not waiting for the load after all
             waitFabricLoad();
@@ -306,19 +321,33 @@ void HybridSocket::settleSlow()
     std::shared_ptr<Socket> s;
     sockaddr_storage dest{};
     socklen_t destLen = 0;
+    int probed = 1; // no light probe
     {
         std::lock_guard<std::mutex> lock(mutex_);
         s = sock_;
         if (!s && pending_) {
             dest = pending_->dest;
             destLen = pending_->len;
+            if (pending_->probe) {
+                probed = pending_->probe->status();
+                if (probed == -EINPROGRESS)
+                    return;
+                pending_->probe.reset();
+            }
         }
     }
     int st;
-    if (!s && destLen) {
-        // The attempt waited for libfabric to load: it starts now, once that is over.
-        if (!fabricLoadReady())
-            return;
+    if (probed < 0) {
+        st = probed; // nothing listens on the fabric port: kernel TCP, libfabric never loaded
+    } else if (!s && destLen) {
+        // Something listens: libfabric loads (in the background), then the attempt starts.
+        if (probed == 0) {
+            noteEngineUsed();
+            if (loadFabricInBackground(Settings::fromEnv()))
+                return;
+        } else if (!fabricLoadReady()) {
+            return; // the attempt waited for libfabric to load: it starts once that is over
+        }
         st = startFabric(reinterpret_cast<sockaddr *>(&dest), destLen, &s);
         if (s) {
             s->setNonblocking(nonblocking());

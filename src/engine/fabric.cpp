@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <dirent.h>
 #include <map>
 #include <mutex>
 #include <netinet/in.h>
@@ -79,6 +80,25 @@ bool providerUsable(const std::string &prov)
     return ret == 0;
 }
 
+// Whether the kernel has an RDMA device for verbs to open (libibverbs finds them the same way).
+// Without one verbs cannot be had, and choosing tcp needs no libfabric, whose load (~0.3 s)
+// then waits until a fabric socket is really made.
+bool rdmaDevicePresent()
+{
+    DIR *d = opendir("/sys/class/infiniband_verbs");
+    if (!d)
+        return false;
+    bool found = false;
+    while (const dirent *e = readdir(d)) {
+        if (std::strncmp(e->d_name, "uverbs", 6) == 0) {
+            found = true;
+            break;
+        }
+    }
+    closedir(d);
+    return found;
+}
+
 } // namespace
 
 int fiErr(int ret)
@@ -129,7 +149,7 @@ const std::string &chooseProvider(const Settings &settings)
     if (!settings.provider.empty())
         return settings.provider;
     std::call_once(once, [] {
-        chosen = providerUsable("verbs") ? "verbs" : "tcp";
+        chosen = rdmaDevicePresent() && providerUsable("verbs") ? "verbs" : "tcp";
         RS_LOG(Debug, "provider %s chosen", chosen.c_str());
     });
     return chosen;

@@ -66,7 +66,8 @@ bool fabricLoadReady();
 int fabricLoadFd();
 void waitFabricLoad();
 
-// The provider to use: Settings::provider, else verbs when it reports a device, else tcp.
+// The provider to use: Settings::provider, else verbs when the kernel has an RDMA device and
+// verbs reports it, else tcp (chosen without loading libfabric when there is no device).
 const std::string &chooseProvider(const Settings &settings);
 
 // fi_getinfo for an endpoint that connects to dst (from src when given), or, with dst null,

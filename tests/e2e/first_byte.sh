@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# A shimmed short-lived client of a server without the shim: its connects (blocking and
+# nonblocking) go to kernel TCP after the light probe, without loading libfabric, and its
+# first reply comes as soon as without the shim; a connect towards a shimmed server still
+# takes the fabric.
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "$0")/lib.sh"
+need python3
+
+cat >"$work/echo.py" <<'EOF'
+import socket, sys
+srv = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+while True:
+    c, _ = srv.accept()
+    with c:
+        data = c.recv(100)
+        if data:
+            c.sendall(data)
+EOF
+
+# client.py PORT MODE...: per MODE (blocking or nonblocking) a connection that sends a line and
+# reads it back; prints each one's milliseconds, then whether libfabric is mapped.
+cat >"$work/client.py" <<'EOF'
+import select, socket, sys, time
+port = int(sys.argv[1])
+for mode in sys.argv[2:]:
+    t0 = time.monotonic()
+    s = socket.socket()
+    if mode == "nonblocking":
+        s.setblocking(False)
+        r = s.connect_ex(("127.0.0.1", port))
+        if r != 0:
+            _, w, _ = select.select([], [s], [], 10)
+            assert w, "connect: no POLLOUT within 10 s"
+            err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            assert err == 0, "connect: SO_ERROR %d" % err
+        s.setblocking(True)
+    else:
+        s.connect(("127.0.0.1", port))
+    s.sendall(b"ping\n")
+    got = b""
+    while len(got) < 5:
+        chunk = s.recv(5 - len(got))
+        assert chunk, "EOF before the echo"
+        got += chunk
+    assert got == b"ping\n", got
+    print("%s %.1f" % (mode, (time.monotonic() - t0) * 1000))
+    s.close()
+with open("/proc/self/maps") as m:
+    print("libfabric", "mapped" if "libfabric" in m.read() else "absent")
+EOF
+
+start_server plain 0 plain 60 python3 "$work/echo.py" @PORT@
+out=$(shim client 30 python3 "$work/client.py" "$port" blocking nonblocking nonblocking) ||
+	fail "the client failed: $out"
+printf "    %s\n" "${out//$'\n'/$'\n    '}"
+grep -qx "libfabric absent" <<<"$out" || fail "the client loaded libfabric for a plain server"
+# Generous against a loaded machine: libfabric's load alone takes 0.3 s (over 1 s loaded).
+while read -r mode ms; do
+	case "$mode" in blocking | nonblocking) ;; *) continue ;; esac
+	[ "${ms%.*}" -lt 200 ] || fail "$mode: connect and first reply took $ms ms"
+done <<<"$out"
+[ "$(stat_sum client fabric_connections)" -eq 0 ] || fail "client: fabric connections"
+[ "$(stat_sum client fallback_connections)" -eq 3 ] || fail "client: not 3 fallbacks"
+grep -q '"refused": 1' "$work"/stats/client.*.json || fail "client: the first was not 'refused'"
+grep -q '"negative_cache": 2' "$work"/stats/client.*.json ||
+	fail "client: the others were not 'negative_cache'"
+log "plain server: no libfabric, refused then negative_cache, first replies in time"
+stop_pid "$server_pid" || true
+
+# A shimmed server: the light probe finds its fabric listener, the fabric carries the bytes.
+start_server shimmed 1 shim server 60 python3 "$work/echo.py" @PORT@
+out=$(shim client2 30 python3 "$work/client.py" "$port" blocking nonblocking) ||
+	fail "the client of the shimmed server failed: $out"
+printf "    %s\n" "${out//$'\n'/$'\n    '}"
+grep -qx "libfabric mapped" <<<"$out" || fail "the client did not load libfabric"
+[ "$(stat_sum client2 fabric_connections)" -eq 2 ] || {
+	show_stats client2
+	fail "client2: not 2 fabric connections"
+}
+log "shimmed server: both connections on the fabric"
+echo PASS
