@@ -45,7 +45,9 @@ struct LightProbe
     // The whole probe, blocking (sleeps in ppoll): status()'s answer.
     static int run(const sockaddr *dest, socklen_t len, int timeoutMs);
 };
-// Whether connects use the light probe now (the tcp provider, libfabric not loaded yet).
+// Whether a light probe can see fabric listeners (the tcp provider's are kernel TCP ones), and
+// whether connects use it now (libfabric not loaded yet).
+bool lightProbePossible();
 bool lightProbeApplies();
 
 // Whether this process has used the fabric (a fork child of such a process must not).
@@ -234,6 +236,7 @@ private:
         int fport = 0;
         // Before the attempt (and libfabric's load): whether anything listens on fport.
         std::unique_ptr<LightProbe> probe;
+        bool offerAfterProbe = false; // the listener deferred lately: no fabric attempt
     };
     std::unique_ptr<Pending> pending_;
     std::atomic<bool> tentative_{false};

@@ -26,6 +26,17 @@ NegativeCache &negativeCache()
     return *cache;
 }
 
+// Fabric destinations whose listener deferred (another process's, see upgrade_wire.h) less than
+// RSTREAM_NEGATIVE_CACHE_MS ago. It defers again, so the next connect skips the fabric attempt
+// (an endpoint made and torn down for a refusal) and offers the in-band upgrade at once, after
+// a light probe has seen a fabric listener still there: a server that went away or no longer
+// runs the shim has none, and its port gets no offer.
+NegativeCache &deferCache()
+{
+    static auto *cache = new NegativeCache();
+    return *cache;
+}
+
 } // namespace
 
 int HybridSocket::connectFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out)
@@ -129,11 +140,12 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
             std::shared_ptr<Socket> s;
             int r;
             std::unique_ptr<LightProbe> probe;
+            const bool deferred = lightProbePossible() && deferCache().has(key);
             if (nonblocking()) {
                 // A nonblocking connect returns at once; the attempt settles later (settle()),
                 // and starts later too while the light probe runs or libfabric loads in the
                 // background.
-                if (lightProbeApplies()) {
+                if (deferred || lightProbeApplies()) {
                     probe = std::make_unique<LightProbe>();
                     r = probe->start(reinterpret_cast<sockaddr *>(&dest), len,
                                      config_.connectTimeoutMs);
@@ -155,6 +167,7 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
                     pending_->port = port;
                     pending_->fport = fport;
                     pending_->probe = std::move(probe);
+                    pending_->offerAfterProbe = deferred;
                     sock_ = std::move(s); // none yet while probing or loading
                     mode_.store(Mode::Fabric, std::memory_order_release);
                     tentative_.store(true, std::memory_order_release);
@@ -162,9 +175,13 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
                 }
             } else {
                 // A refusal of the light probe: nothing listens there, libfabric not needed.
-                r = lightProbeApplies() ? LightProbe::run(reinterpret_cast<sockaddr *>(&dest), len,
-                                                          config_.connectTimeoutMs)
-                                        : 0;
+                r = deferred || lightProbeApplies()
+                        ? LightProbe::run(reinterpret_cast<sockaddr *>(&dest), len,
+                                          config_.connectTimeoutMs)
+                        : 0;
+                if (r == 0 && deferred)
+                    return connectKernel(addr, len, inet, Fallback::NotUpgraded, port, key, 0,
+                                         true);
                 if (r == 0)
                     r = connectFabric(reinterpret_cast<sockaddr *>(&dest), len, &s);
             }
@@ -181,7 +198,9 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
             if (r == -ECONNREFUSED && s && s->connectDeferred()) {
                 why = Fallback::NotUpgraded; // until the upgrade succeeds
                 offer = true;
+                deferCache().add(key, config_.negativeCacheMs);
             } else {
+                deferCache().remove(key);
                 negativeCache().add(key, config_.negativeCacheMs);
                 why = r == -ECONNREFUSED ? Fallback::Refused
                       : r == -ETIMEDOUT  ? Fallback::Timeout
@@ -322,6 +341,7 @@ void HybridSocket::settleSlow()
     sockaddr_storage dest{};
     socklen_t destLen = 0;
     int probed = 1; // no light probe
+    bool cachedOffer = false;
     {
         std::lock_guard<std::mutex> lock(mutex_);
         s = sock_;
@@ -333,12 +353,15 @@ void HybridSocket::settleSlow()
                 if (probed == -EINPROGRESS)
                     return;
                 pending_->probe.reset();
+                cachedOffer = probed == 0 && pending_->offerAfterProbe;
             }
         }
     }
     int st;
     if (probed < 0) {
         st = probed; // nothing listens on the fabric port: kernel TCP, libfabric never loaded
+    } else if (cachedOffer) {
+        st = -ECONNREFUSED; // as the deferring listener would answer
     } else if (!s && destLen) {
         // Something listens: libfabric loads (in the background), then the attempt starts.
         if (probed == 0) {
@@ -378,9 +401,14 @@ void HybridSocket::settleSlow()
         // have done at once.
         sock_.reset();
     }
-    const bool offer = st == -ECONNREFUSED && s && s->connectDeferred();
-    if (!offer)
+    const bool offer = cachedOffer || (st == -ECONNREFUSED && s && s->connectDeferred());
+    if (offer) {
+        if (!cachedOffer)
+            deferCache().add(p->key, config_.negativeCacheMs);
+    } else {
+        deferCache().remove(p->key);
         negativeCache().add(p->key, config_.negativeCacheMs);
+    }
     const Fallback why = offer                 ? Fallback::NotUpgraded
                          : st == -ECONNREFUSED ? Fallback::Refused
                          : st == -ETIMEDOUT    ? Fallback::Timeout

@@ -24,11 +24,16 @@
 
 namespace rstream::shim {
 
+bool lightProbePossible()
+{
+    // Other providers (verbs) listen where a kernel connect cannot see them.
+    return chooseProvider(Settings::fromEnv()) == "tcp";
+}
+
 bool lightProbeApplies()
 {
-    // Once libfabric is loaded the fabric attempt itself is as quick; other providers (verbs)
-    // listen where a kernel connect cannot see them.
-    return !fabricLoadDone() && chooseProvider(Settings::fromEnv()) == "tcp";
+    // Once libfabric is loaded the fabric attempt itself tells as quickly.
+    return !fabricLoadDone() && lightProbePossible();
 }
 
 LightProbe::~LightProbe()

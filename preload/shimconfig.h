@@ -80,6 +80,11 @@ public:
             sweepAt_ = std::max<size_t>(64, 2 * entries_.size());
         }
     }
+    void remove(const std::string &key)
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        entries_.erase(key);
+    }
     size_t size()
     {
         std::lock_guard<std::mutex> lock(mutex_);

@@ -21,11 +21,21 @@ while True:
 EOF
 
 # client.py PORT MODE...: per MODE (blocking or nonblocking) a connection that sends a line and
-# reads it back; prints each one's milliseconds, then whether libfabric is mapped.
+# reads it back, or (wait:PATH) a pause until PATH exists; prints each connection's
+# milliseconds, then whether libfabric is mapped.
 cat >"$work/client.py" <<'EOF'
-import select, socket, sys, time
+import os, select, socket, sys, time
 port = int(sys.argv[1])
 for mode in sys.argv[2:]:
+    if mode.startswith("wait:"):
+        # Says so in PATH.ready, then waits until PATH exists.
+        path = mode[5:]
+        open(path + ".ready", "w").close()
+        for _ in range(400):
+            if os.path.exists(path):
+                break
+            time.sleep(0.05)
+        continue
     t0 = time.monotonic()
     s = socket.socket()
     if mode == "nonblocking":
@@ -81,4 +91,28 @@ grep -qx "libfabric mapped" <<<"$out" || fail "the client did not load libfabric
 	fail "client2: not 2 fabric connections"
 }
 log "shimmed server: both connections on the fabric"
+
+# The same port served without the shim, within RSTREAM_NEGATIVE_CACHE_MS of the listener's
+# deferral: the client's next connects get no upgrade offer (the light probe finds no fabric
+# listener), so the plain server reads the client's bytes alone (else the echo check fails).
+start client3 shim client3 60 python3 "$work/client.py" "$port" blocking "wait:$work/go" \
+	blocking nonblocking
+client_pid=$last_pid
+for _ in $(seq 200); do
+	[ -e "$work/go.ready" ] && break
+	sleep 0.05
+done
+[ -e "$work/go.ready" ] || fail "client3 did not make its first connection"
+stop_pid "$server_pid" || true
+start plain2 plain 60 python3 "$work/echo.py" "$port"
+server_pid=$last_pid
+wait_listen "$port" "$server_pid" || fail "the plain server does not listen on $port"
+touch "$work/go"
+finish "$client_pid" || fail "client3 failed"
+out=$(cat "$work/client3.log")
+printf "    %s\n" "${out//$'\n'/$'\n    '}"
+[ "$(stat_sum client3 fabric_connections)" -eq 1 ] || fail "client3: not 1 fabric connection"
+[ "$(stat_sum client3 fallback_connections)" -eq 2 ] || fail "client3: not 2 fallbacks"
+grep -q '"refused": 1' "$work"/stats/client3.*.json || fail "client3: no 'refused'"
+log "a server restarted without the shim: no offer, its bytes intact"
 echo PASS
