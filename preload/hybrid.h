@@ -155,13 +155,15 @@ private:
     // The in-band upgrade (upgrade_wire.h).
     enum class Upgrade : uint8_t
     {
-        None,         // decided: nothing more to do
-        Offer,        // client: HELLO goes out at the first I/O
-        AwaitReply,   // client: HELLO sent, the server's first bytes decide
-        StripReply,   // client: gave up (CANCEL sent); a late ACCEPT or DECLINE is dropped
-        Maybe,        // server: the client's first bytes may be a HELLO
-        ExpectCancel, // server: HELLO seen and not followed up; a CANCEL may follow
-        ServerAwait,  // server: ACCEPT sent, waiting for the client's fabric connection
+        None,           // decided: nothing more to do
+        Offer,          // client: HELLO goes out at the first I/O
+        AwaitReply,     // client: HELLO sent, the server's first bytes decide
+        StripReply,     // client: gave up (CANCEL sent); a late ACCEPT or DECLINE is dropped
+        Maybe,          // server: the client's first bytes may be a HELLO
+        ExpectCancel,   // server: HELLO seen and not followed up; a CANCEL may follow
+        ServerAwait,    // server: ACCEPT sent, waiting for the client's fabric connection
+        ClientConnect,  // client: ACCEPT read, its fabric connect under way (upSock_)
+        ClientAwaitAck, // client: token sent on upSock_, the server's ack decides
     };
     // Runs the upgrade as far as it goes before an I/O: 0 to go on (with whatever mode it
     // left), or -errno for the caller (-EAGAIN, -EINTR, ...).
@@ -170,7 +172,23 @@ private:
     // hands the connection on, across fork or exec, finds it waiting), then AwaitReply.
     void sendOffer();
     void sendOfferLocked();
-    int clientUpgradeLocked(int flags);
+    // The client's side, on an I/O call (out: a send); a nonblocking one never waits.
+    int clientUpgradeLocked(bool out, int flags);
+    // One step of it that never waits: 0 when decided (or giving up, StripReply), -EAGAIN
+    // while it waits for the server or its fabric connection.
+    int clientStepLocked();
+    void stopTickLocked();
+    void drainTickLocked();
+    // What a waiting client sleeps on (0; -EAGAIN: look again).
+    int clientWaitFdsLocked(std::vector<pollfd> *fds);
+    bool clientWaiting() const
+    {
+        const Upgrade u = upgrade_.load(std::memory_order_acquire);
+        return u == Upgrade::AwaitReply || u == Upgrade::ClientConnect ||
+               u == Upgrade::ClientAwaitAck;
+    }
+    // Gives up before the token: CANCEL on the kernel connection, which stays the program's.
+    void clientCancelLocked(const char *why);
     int serverUpgradeLocked(bool out, int flags);
     int serveUpgradeLocked(bool blocking);
     int serverAwaitLocked(bool blocking);
@@ -282,7 +300,9 @@ private:
     bool helloSeen_ = false;        // server: the client offered (for the fallback reason)
     std::shared_ptr<UpgradeListener> pendingUl_; // ServerAwait: where the client connects
     uint64_t pendingToken_ = 0;                  // ServerAwait: the token it brings
-    int tickFd_ = -1;                            // ServerAwait: wakes pollers (a timerfd)
+    int tickFd_ = -1;                // ServerAwait and a waiting client: wakes pollers (a timerfd)
+    std::shared_ptr<Socket> upSock_; // ClientConnect, ClientAwaitAck: the fabric connection
+    int64_t upStepDeadlineMs_ = 0;   // ClientConnect, ClientAwaitAck: when the step fails
 };
 
 } // namespace rstream::shim

@@ -20,13 +20,6 @@
 
 namespace rstream::shim {
 
-namespace {
-
-// How long a client waits for the server's answer to its token (see clientUpgradeLocked).
-constexpr int64_t kAckWaitMs = 30000;
-
-} // namespace
-
 // Sends out (if any) and then reads exactly inLen bytes on a fabric socket, by deadline.
 int upgradeExchange(Socket &s, const void *out, size_t outLen, void *in, size_t inLen,
                     int64_t deadline)
@@ -114,8 +107,10 @@ int HybridSocket::upgradeStep(bool out, int flags)
     switch (upgrade_.load()) {
     case Upgrade::Offer:
     case Upgrade::AwaitReply:
+    case Upgrade::ClientConnect:
+    case Upgrade::ClientAwaitAck:
     case Upgrade::StripReply:
-        return clientUpgradeLocked(out ? -1 : flags);
+        return clientUpgradeLocked(out, flags);
     case Upgrade::Maybe:
     case Upgrade::ExpectCancel:
         return serverUpgradeLocked(out, flags);
@@ -258,132 +253,6 @@ void HybridSocket::sendOfferLocked()
     }
     upgradeDeadlineMs_ = 0; // the wait starts with the first I/O: a client may idle first
     upgrade_.store(Upgrade::AwaitReply, std::memory_order_release);
-}
-
-// flags < 0: a send (the client's HELLO goes out the same way, but a late reply to strip only
-// matters to reads).
-int HybridSocket::clientUpgradeLocked(int flags)
-{
-    const bool reading = flags >= 0;
-    if (upgrade_.load() == Upgrade::Offer)
-        sendOfferLocked();
-    uint8_t buf[wire::kUpgradeMaxSize];
-    if (upgrade_.load() == Upgrade::AwaitReply) {
-        // The server's first bytes decide. The application's call waits for them (bounded):
-        // its data must go where the server will read it.
-        for (;;) {
-            ssize_t r = peekKernel(buf, sizeof(buf), false);
-            if (r == 0 || (r < 0 && r != -EAGAIN)) {
-                upgrade_.store(Upgrade::None, std::memory_order_release);
-                stayKernelLocked(Fallback::NotUpgraded, "the connection ended first");
-                return 0;
-            }
-            if (r > 0) {
-                wire::UpgradeMessage msg;
-                size_t size = 0;
-                auto match = wire::matchUpgrade(buf, static_cast<size_t>(r), &msg, &size);
-                if (match == wire::UpgradeMatch::No) {
-                    upgrade_.store(Upgrade::None, std::memory_order_release);
-                    stayKernelLocked(Fallback::NotUpgraded, "the server wrote first");
-                    return 0;
-                }
-                if (match == wire::UpgradeMatch::Complete) {
-                    consumeKernel(size);
-                    if (msg.type != wire::UpgradeType::Accept) {
-                        upgrade_.store(Upgrade::None, std::memory_order_release);
-                        stayKernelLocked(Fallback::NotUpgraded, "the server declined");
-                        return 0;
-                    }
-                    sockaddr_storage dest;
-                    socklen_t dlen;
-                    {
-                        std::lock_guard<std::mutex> l(mutex_);
-                        dest = peer_;
-                        dlen = peerLen_;
-                    }
-                    setPort(&dest, msg.port);
-                    std::shared_ptr<Socket> s;
-                    int e = connectFabric(reinterpret_cast<sockaddr *>(&dest), dlen, &s);
-                    uint8_t token[wire::kUpgradeTokenSize];
-                    wire::encodeToken(msg.token, token);
-                    uint8_t ack = 0;
-                    if (e == 0) {
-                        // Once the token is out the server may take the connection at any
-                        // moment: only its answer (the ack, or closing a token it does not
-                        // expect) decides, so the wait is long, a bound for a server that
-                        // stopped, not a timeout to fall back on.
-                        e = upgradeExchange(*s, token, sizeof(token), &ack, 1,
-                                            nowMs() + kAckWaitMs);
-                        if (e == 0 && ack == wire::kUpgradeAck) {
-                            adoptUpgradedLocked(std::move(s), false);
-                            return 0;
-                        }
-                        if (e != -ECONNRESET && e != -EPIPE) {
-                            // No answer: whether the server took it is unknown, so neither
-                            // path is safe. The connection fails, as a reset one would.
-                            s->close();
-                            sys::shutdown(fd_, SHUT_RDWR);
-                            upgrade_.store(Upgrade::None, std::memory_order_release);
-                            stayKernelLocked(Fallback::NotUpgraded,
-                                             "the server did not answer the token: connection "
-                                             "shut down");
-                            return 0;
-                        }
-                    }
-                    if (s)
-                        s->close();
-                    sendUpgradeMessage(static_cast<int>(wire::UpgradeType::Cancel));
-                    upgrade_.store(Upgrade::None, std::memory_order_release);
-                    stayKernelLocked(Fallback::NotUpgraded,
-                                     e ? strerror(-e) : "the server's answer was not the ack");
-                    return 0;
-                }
-            }
-            // Nothing yet, or part of a reply.
-            if (!upgradeDeadlineMs_)
-                upgradeDeadlineMs_ = nowMs() + config_.upgradeTimeoutMs;
-            const int64_t left = upgradeDeadlineMs_ - nowMs();
-            if (left <= 0) {
-                sendUpgradeMessage(static_cast<int>(wire::UpgradeType::Cancel));
-                upgrade_.store(Upgrade::StripReply, std::memory_order_release);
-                stayKernelLocked(Fallback::NotUpgraded, "no answer from the server in time");
-                break;
-            }
-            pollfd p{fd_, POLLIN, 0};
-            const int wait = static_cast<int>(std::min<int64_t>(left, 1000));
-            const timespec ts{wait / 1000, (wait % 1000) * 1000000L};
-            if (sys::ppoll(&p, 1, &ts, nullptr) == -EINTR)
-                return -EINTR; // the HELLO is out: the next call goes on waiting
-        }
-    }
-    if (upgrade_.load() != Upgrade::StripReply || !reading)
-        return 0;
-    // The server may still answer the HELLO we gave up on: drop that answer, never deliver it.
-    for (;;) {
-        ssize_t r = peekKernel(buf, sizeof(buf), upgradeBlocking(flags));
-        if (r < 0)
-            return static_cast<int>(r);
-        wire::UpgradeMessage msg;
-        size_t size = 0;
-        auto match = r == 0 ? wire::UpgradeMatch::No
-                            : wire::matchUpgrade(buf, static_cast<size_t>(r), &msg, &size);
-        if (match == wire::UpgradeMatch::Complete &&
-            (msg.type == wire::UpgradeType::Accept || msg.type == wire::UpgradeType::Decline)) {
-            consumeKernel(size);
-            upgrade_.store(Upgrade::None, std::memory_order_release);
-            return 0;
-        }
-        if (match != wire::UpgradeMatch::Partial) {
-            upgrade_.store(Upgrade::None, std::memory_order_release);
-            return 0;
-        }
-        if (!upgradeBlocking(flags))
-            return -EAGAIN;
-        pollfd p{fd_, POLLIN, 0};
-        const timespec ts{0, 10 * 1000000L};
-        if (sys::ppoll(&p, 1, &ts, nullptr) == -EINTR)
-            return -EINTR;
-    }
 }
 
 } // namespace rstream::shim

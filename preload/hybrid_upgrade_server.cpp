@@ -184,6 +184,8 @@ int HybridSocket::upgradeWaitFds(std::vector<pollfd> *fds)
     std::unique_lock<std::mutex> lock(upgradeMutex_, std::try_to_lock);
     if (!lock.owns_lock())
         return -EAGAIN; // another thread moves it on: look again
+    if (clientWaiting())
+        return clientWaitFdsLocked(fds);
     if (upgrade_.load() != Upgrade::ServerAwait || !pendingUl_)
         return 1;
     fds->push_back({fd_, POLLIN, 0});
@@ -196,21 +198,27 @@ void HybridSocket::upgradeAddWaiter(int eventFd,
                                     std::vector<std::shared_ptr<Connection>> *registered)
 {
     std::unique_lock<std::mutex> lock(upgradeMutex_, std::try_to_lock);
-    if (lock.owns_lock() && upgrade_.load() == Upgrade::ServerAwait && pendingUl_)
+    if (!lock.owns_lock())
+        return;
+    if (upgrade_.load() == Upgrade::ServerAwait && pendingUl_)
         pendingUl_->addWaiter(eventFd, registered);
+    else if (clientWaiting() && upSock_)
+        upSock_->addWaiter(eventFd, registered);
 }
 
 bool HybridSocket::upgradeProgress()
 {
     std::unique_lock<std::mutex> lock(upgradeMutex_, std::try_to_lock);
-    if (!lock.owns_lock() || upgrade_.load() != Upgrade::ServerAwait)
+    if (!lock.owns_lock())
         return false;
-    if (tickFd_ >= 0) {
-        uint64_t ticks;
-        if (sys::read(tickFd_, &ticks, sizeof(ticks)) < 0) {
-            // Not expired yet.
-        }
+    if (clientWaiting()) {
+        drainTickLocked();
+        clientStepLocked();
+        return true;
     }
+    if (upgrade_.load() != Upgrade::ServerAwait)
+        return false;
+    drainTickLocked();
     serverAwaitLocked(false);
     return true;
 }
@@ -234,9 +242,22 @@ void HybridSocket::startTickLocked()
 void HybridSocket::endServerAwaitLocked()
 {
     pendingUl_.reset();
+    stopTickLocked();
+}
+
+void HybridSocket::stopTickLocked()
+{
     if (tickFd_ >= 0) {
         sys::close(tickFd_);
         tickFd_ = -1;
+    }
+}
+
+void HybridSocket::drainTickLocked()
+{
+    uint64_t ticks;
+    if (tickFd_ >= 0 && sys::read(tickFd_, &ticks, sizeof(ticks)) < 0) {
+        // Not expired yet.
     }
 }
 
