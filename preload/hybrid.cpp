@@ -96,13 +96,25 @@ std::shared_ptr<Socket> HybridSocket::socket()
 // The connection's record (and what it moved) goes with record_.
 HybridSocket::~HybridSocket()
 {
-    if (tickFd_ >= 0)
-        sys::close(tickFd_);
+    closeBeacon(beaconFd_, reinterpret_cast<sockaddr *>(&beaconAddr_));
+    if (beaconFd4_ >= 0) {
+        sockaddr_in v4{};
+        v4.sin_family = AF_INET;
+        v4.sin_port = reinterpret_cast<sockaddr_in6 *>(&beaconAddr_)->sin6_port;
+        closeBeacon(beaconFd4_, reinterpret_cast<sockaddr *>(&v4));
+    }
+    if (pendingUl_)
+        pendingUl_->forget(pendingToken_); // a token nobody will claim
 }
 
 void HybridSocket::setNonblocking(bool on)
 {
     nonblock_.store(on, std::memory_order_relaxed);
+    if (late()) {
+        std::lock_guard<std::mutex> lock(upgradeMutex_);
+        if (upgrade_.load() == Upgrade::LateSwitch && upSock_)
+            upSock_->setNonblocking(on);
+    }
     auto [s, m] = snapshot();
     if (m == Mode::Fabric && s)
         s->setNonblocking(on);
@@ -181,6 +193,8 @@ ssize_t HybridSocket::io(bool out, const iovec *iov, int iovcnt, int flags)
     if (m == Mode::Kernel && upgradePending()) {
         if (int r = upgradeStep(out, flags); r < 0)
             return r;
+        if (late())
+            return lateIo(out, iov, iovcnt, flags);
         std::tie(s, m) = snapshot();
     }
     if (m == Mode::Kernel)
@@ -201,6 +215,8 @@ int HybridSocket::shutdown(int how)
     Mode m;
     if (int r = settledSnapshot(Wait::Load, &s, &m); r < 0)
         return r;
+    if (late())
+        return lateShutdown(how);
     switch (m) {
     case Mode::Fabric:
         return s->shutdown(how);
@@ -355,6 +371,10 @@ int HybridSocket::fionread(int *bytes)
 
 void HybridSocket::onFdClosed(int fd)
 {
+    if (late() && fd == fd_) {
+        lateAccount();
+        return;
+    }
     // Still to be upgraded: this process never used it (a fork-per-connection parent closing
     // its copy); the process that does counts it.
     if (mode() != Mode::Kernel || upgradePending())
@@ -369,6 +389,10 @@ void HybridSocket::onFdClosed(int fd)
 
 void HybridSocket::noteExit()
 {
+    if (late()) {
+        lateAccount();
+        return;
+    }
     if (mode() == Mode::Kernel)
         countFallbackIfEstablished();
 }
@@ -403,13 +427,15 @@ void HybridSocket::markInherited()
     // held at the fork would never be released, so the mutex starts over.
     new (&mutex_) std::mutex();
     new (&upgradeMutex_) std::mutex();
-    if (upgrade_.load() == Upgrade::ServerAwait) {
-        // The client connects to the parent's upgrade listener, which is not the child's.
-        upgrade_.store(Upgrade::ExpectCancel, std::memory_order_relaxed);
+    new (&lateWriteMutex_) std::mutex();
+    new (&lateReadMutex_) std::mutex();
+    if (isLate(upgrade_.load())) {
+        // The switch is the parent's (its fabric connection, its upgrade listener and its
+        // counts): the child's copy of the connection is plain kernel TCP.
+        upgrade_.store(Upgrade::None, std::memory_order_relaxed);
         pendingUl_.reset(); // the parent's table keeps the listener itself
-        if (tickFd_ >= 0)
-            sys::close(tickFd_); // the child's copy
-        tickFd_ = -1;
+        if (upSock_)
+            inheritedSockets().push_back(std::move(upSock_));
     }
     std::lock_guard<std::mutex> lock(mutex_);
     noFabric_ = true;
@@ -448,8 +474,10 @@ int HybridSocket::kernelPollNow(int events)
 int HybridSocket::pollEvents(int events)
 {
     settle();
-    if (upgradePending() && upgradeProgress() && upgradePending())
-        return 0; // the server waits for its client's fabric connection
+    if (upgradePending() && upgradeProgress() && upgradePending() && !late())
+        return 0; // one end waits for the other's next step
+    if (late())
+        return latePollEvents(events);
     auto [s, m] = snapshot();
     switch (m) {
     case Mode::Fabric: {
@@ -482,9 +510,8 @@ int HybridSocket::pollEvents(int events)
 int HybridSocket::prepareWait(std::vector<pollfd> *fds, int events)
 {
     settle();
-    if (upgradePending())
-        if (int r = upgradeWaitFds(fds); r <= 0)
-            return r;
+    if (late())
+        return lateWaitFds(fds, events);
     auto [s, m] = snapshot();
     switch (m) {
     case Mode::Fabric:

@@ -49,6 +49,11 @@ struct LightProbe
 // whether connects use it now (libfabric not loaded yet).
 bool lightProbePossible();
 bool lightProbeApplies();
+// The beacon of a shim listener on local (an fd, -1 when it could not be had), and whether
+// dest, an address of this host, has a shim listener behind it (hybrid_probe.cpp).
+int openBeacon(const sockaddr *local);
+void closeBeacon(int fd, const sockaddr *local);
+bool shimListenerHere(const sockaddr *dest);
 
 // Whether this process has used the fabric (a fork child of such a process must not).
 bool engineUsed();
@@ -82,10 +87,8 @@ public:
     {
         return upgrade_.load(std::memory_order_acquire) != Upgrade::None;
     }
-    // For the poller, while the server waits for its client's fabric connection: the fds to
-    // sleep on (0; -EAGAIN: look again; 1: not waiting), and a look that moves the upgrade on
-    // (false: nothing to do). Never block: they only try the upgrade's lock.
-    int upgradeWaitFds(std::vector<pollfd> *fds);
+    // For the poller: a look that moves the upgrade on (never blocks: it only tries the
+    // upgrade's lock; false: readiness as usual), and the wake-ups of the switch's steps.
     bool upgradeProgress();
     void upgradeAddWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered);
     // For exec: the upgrade state worth carrying into the new program ('s': a server socket that
@@ -155,45 +158,45 @@ private:
     // The in-band upgrade (upgrade_wire.h).
     enum class Upgrade : uint8_t
     {
-        None,           // decided: nothing more to do
-        Offer,          // client: HELLO goes out at the first I/O
-        AwaitReply,     // client: HELLO sent, the server's first bytes decide
-        StripReply,     // client: gave up (CANCEL sent); a late ACCEPT or DECLINE is dropped
-        Maybe,          // server: the client's first bytes may be a HELLO
-        ExpectCancel,   // server: HELLO seen and not followed up; a CANCEL may follow
-        ServerAwait,    // server: ACCEPT sent, waiting for the client's fabric connection
-        ClientConnect,  // client: ACCEPT read, its fabric connect under way (upSock_)
-        ClientAwaitAck, // client: token sent on upSock_, the server's ack decides
+        None,  // decided: nothing more to do
+        Offer, // client: HELLO goes out once connected, before any byte of ours
+        Maybe, // server: the client's first bytes may be a HELLO
+        // From here the connection runs over kernel TCP, the application's bytes counted, until
+        // it switches to the fabric (hybrid_late.cpp).
+        Answer,      // client: HELLO sent; the server's first bytes are its answer, or its data
+        LateLoad,    // client: ACCEPT read, libfabric loading
+        LateConnect, // client: its fabric connect under way (upSock_)
+        LateToken,   // client: token sent, waiting for the server's ack and count
+        LateServer,  // server: ACCEPT sent, waiting for the client's token
+        LateSwitch,  // both: writes on upSock_; reads on kernel TCP up to lateTarget_, then it
     };
+    static bool isLate(Upgrade u) { return u >= Upgrade::Answer && u <= Upgrade::LateSwitch; }
+    bool late() const { return isLate(upgrade_.load(std::memory_order_acquire)); }
+    // The late switch's steps (hybrid_late.cpp); none waits.
+    void lateStepLocked();
+    void lateGiveUpLocked(const char *why);
+    bool lateFinishLocked(); // both directions on the fabric: the socket becomes a fabric one
+    ssize_t lateIo(bool out, const iovec *iov, int iovcnt, int flags);
+    int latePollEvents(int events);
+    int lateWaitFds(std::vector<pollfd> *fds, int events);
+    int lateShutdown(int how);
+    void lateAccount(); // counted when it ends before or during the switch
+    // Reads the peer's count on upSock_ into lateBuf_ (need bytes in all); true when complete,
+    // false while not (*closed: the fabric connection ended first).
+    bool lateReadCount(size_t need, bool *closed);
     // Runs the upgrade as far as it goes before an I/O: 0 to go on (with whatever mode it
-    // left), or -errno for the caller (-EAGAIN, -EINTR, ...).
+    // left), or -errno for the caller (-EAGAIN, -EINTR, ...). Only a blocking read waits (for
+    // the peer's first bytes, as the kernel would), and never under the upgrade's lock.
     int upgradeStep(bool out, int flags);
     // Client: the HELLO goes out as soon as the connection is established (a server that
-    // hands the connection on, across fork or exec, finds it waiting), then AwaitReply.
+    // hands the connection on, across fork or exec, finds it waiting), then Answer.
     void sendOffer();
     void sendOfferLocked();
-    // The client's side, on an I/O call (out: a send); a nonblocking one never waits.
-    int clientUpgradeLocked(bool out, int flags);
-    // One step of it that never waits: 0 when decided (or giving up, StripReply), -EAGAIN
-    // while it waits for the server or its fabric connection.
-    int clientStepLocked();
-    void stopTickLocked();
-    void drainTickLocked();
-    // What a waiting client sleeps on (0; -EAGAIN: look again).
-    int clientWaitFdsLocked(std::vector<pollfd> *fds);
-    bool clientWaiting() const
-    {
-        const Upgrade u = upgrade_.load(std::memory_order_acquire);
-        return u == Upgrade::AwaitReply || u == Upgrade::ClientConnect ||
-               u == Upgrade::ClientAwaitAck;
-    }
-    // Gives up before the token: CANCEL on the kernel connection, which stays the program's.
-    void clientCancelLocked(const char *why);
-    int serverUpgradeLocked(bool out, int flags);
-    int serveUpgradeLocked(bool blocking);
-    int serverAwaitLocked(bool blocking);
-    void startTickLocked();
-    void endServerAwaitLocked();
+    // Client, Answer: reads the server's answer at the head of its bytes (-EAGAIN: not here).
+    int clientAnswerLocked();
+    // Server, Maybe: the client's first bytes (-EAGAIN for a read: not here yet).
+    int serverUpgradeLocked(bool out);
+    void serveUpgradeLocked();
     // Reads the first bytes of the kernel stream without taking them: > 0, 0 at EOF, -errno.
     ssize_t peekKernel(void *buf, size_t len, bool wait);
     // Takes len bytes that a peek showed.
@@ -201,7 +204,9 @@ private:
     bool sendUpgradeMessage(int type, uint16_t port = 0, uint64_t token = 0);
     // The upgrade is over: the connection stays on kernel TCP, counted as a fallback for why.
     void stayKernelLocked(Fallback why, const char *detail);
-    // The upgrade is over: the connection continues on s (accepted: the server side).
+    // The upgrade is over: the connection continues on s (accepted: the server side). The
+    // kernel connection's addresses as they were when the switch began (both ends have shut it
+    // down since, which may have taken them).
     void adoptUpgradedLocked(std::shared_ptr<Socket> s, bool accepted);
     bool upgradeBlocking(int flags) const { return !nonblocking() && !(flags & MSG_DONTWAIT); }
 
@@ -289,20 +294,38 @@ private:
     bool upgraded_ = false; // moved to the fabric in-band: addresses as the kernel had them
     sockaddr_storage upLocal_{};
     socklen_t upLocalLen_ = 0;
-    int appPort_ = 0;       // the application's listening port (fabric listeners use another)
+    int appPort_ = 0;    // the application's listening port (fabric listeners use another)
+    int beaconFd_ = -1;  // a listener's beacon (hybrid_probe.cpp)
+    int beaconFd4_ = -1; // and a dual-stack one's for IPv4 clients
+    sockaddr_storage beaconAddr_{};
     bool noFabric_ = false; // inherited across fork: kernel TCP only
     int rcvTimeoutMs_ = -1;
     std::atomic<bool> acceptFabricFirst_{true};
     std::atomic<Upgrade> upgrade_{Upgrade::None};
-    std::mutex upgradeMutex_;       // one upgrade step at a time; taken before mutex_
-    int64_t upgradeDeadlineMs_ = 0; // AwaitReply: when the client gives up
-    bool serverWrote_ = false;      // Maybe: the server wrote first, so it cannot answer a HELLO
-    bool helloSeen_ = false;        // server: the client offered (for the fallback reason)
-    std::shared_ptr<UpgradeListener> pendingUl_; // ServerAwait: where the client connects
-    uint64_t pendingToken_ = 0;                  // ServerAwait: the token it brings
-    int tickFd_ = -1;                // ServerAwait and a waiting client: wakes pollers (a timerfd)
-    std::shared_ptr<Socket> upSock_; // ClientConnect, ClientAwaitAck: the fabric connection
-    int64_t upStepDeadlineMs_ = 0;   // ClientConnect, ClientAwaitAck: when the step fails
+    std::mutex upgradeMutex_;  // one upgrade step at a time; taken before mutex_
+    bool serverWrote_ = false; // Maybe: the server wrote first, so it cannot answer a HELLO
+    std::shared_ptr<UpgradeListener> pendingUl_; // LateServer: where the client connects
+    uint64_t pendingToken_ = 0;                  // the token (server: expected; client: to send)
+    std::shared_ptr<Socket> upSock_;             // the switch's fabric connection
+    int64_t upStepDeadlineMs_ = 0;               // LateConnect: when the fabric connect fails
+    // The late switch: the application's bytes over kernel TCP since LATER (client) or the
+    // ACCEPT (server), the count of them the peer declared (known once it did), and the peer's
+    // count message as it arrives.
+    std::mutex lateWriteMutex_; // kernel writes and the switch of writes: the count is exact
+    std::mutex lateReadMutex_;  // kernel reads and the switch of reads
+    uint64_t lateWritten_ = 0, lateRead_ = 0, lateTarget_ = 0;
+    bool lateTargetKnown_ = false;
+    bool lateShutWr_ = false;    // the application shut down writing before the switch
+    bool lateFabricEnd_ = false; // the fabric connection ended before the peer's count came
+    uint8_t lateBuf_[9] = {};
+    size_t lateBufLen_ = 0;
+    uint16_t latePort_ = 0;                     // client: the server's fabric port
+    int64_t lateSinceMs_ = 0;                   // client: when the ACCEPT came
+    sockaddr_storage lateLocal_{}, latePeer_{}; // the kernel connection's, when the switch began
+    socklen_t lateLocalLen_ = 0, latePeerLen_ = 0;
+    void lateNoteAddresses();
+    // Moved on the fabric before the socket became a fabric one (added to its record then).
+    std::atomic<uint64_t> lateFabricSent_{0}, lateFabricReceived_{0};
 };
 
 } // namespace rstream::shim

@@ -136,6 +136,11 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
         key = describe(reinterpret_cast<sockaddr *>(&dest));
         if (negativeCache().has(key)) {
             why = Fallback::NegativeCache;
+        } else if (shimListenerHere(addr)) {
+            // A shim listener on this host serves that address (its beacon says so): the
+            // upgrade is offered in-band at once, without a fabric attempt or libfabric.
+            noteEngineUsed();
+            return connectKernel(addr, len, inet, Fallback::NotUpgraded, port, key, 0, true);
         } else {
             std::shared_ptr<Socket> s;
             int r;
@@ -362,6 +367,7 @@ void HybridSocket::settleSlow()
         st = probed; // nothing listens on the fabric port: kernel TCP, libfabric never loaded
     } else if (cachedOffer) {
         st = -ECONNREFUSED; // as the deferring listener would answer
+        noteEngineUsed();
     } else if (!s && destLen) {
         // Something listens: libfabric loads (in the background), then the attempt starts.
         if (probed == 0) {

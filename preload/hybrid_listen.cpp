@@ -77,6 +77,21 @@ int HybridSocket::listen(int backlog)
         sys::fcntl(fd_, F_SETFL, fl | O_NONBLOCK);
     sock_ = std::move(s);
     appPort_ = port;
+    beaconAddr_ = local;
+    beaconFd_ = openBeacon(reinterpret_cast<sockaddr *>(&local));
+    if (local.ss_family == AF_INET6) {
+        // Dual-stack unless IPV6_V6ONLY: IPv4 clients reach it as 0.0.0.0 too.
+        int only = 1;
+        socklen_t olen = sizeof(only);
+        auto *a6 = reinterpret_cast<sockaddr_in6 *>(&local);
+        if (IN6_IS_ADDR_UNSPECIFIED(&a6->sin6_addr) &&
+            sys::getsockopt(fd_, IPPROTO_IPV6, IPV6_V6ONLY, &only, &olen) == 0 && !only) {
+            sockaddr_in v4{};
+            v4.sin_family = AF_INET;
+            v4.sin_port = a6->sin6_port;
+            beaconFd4_ = openBeacon(reinterpret_cast<sockaddr *>(&v4));
+        }
+    }
     countListener(true);
     mode_.store(Mode::Listener, std::memory_order_release);
     RS_LOG_FD(Debug, fd_, "listening on port %d: kernel TCP and fabric port %d", port, fport);

@@ -103,24 +103,37 @@ void HybridSocket::adoptInherited(char state)
 
 int HybridSocket::upgradeStep(bool out, int flags)
 {
-    std::lock_guard<std::mutex> lock(upgradeMutex_);
-    switch (upgrade_.load()) {
-    case Upgrade::Offer:
-    case Upgrade::AwaitReply:
-    case Upgrade::ClientConnect:
-    case Upgrade::ClientAwaitAck:
-    case Upgrade::StripReply:
-        return clientUpgradeLocked(out, flags);
-    case Upgrade::Maybe:
-    case Upgrade::ExpectCancel:
-        return serverUpgradeLocked(out, flags);
-    case Upgrade::ServerAwait:
-        // A write waits too: its bytes must go where the client will read them.
-        if (int r = serverAwaitLocked(upgradeBlocking(flags)); r < 0)
+    for (;;) {
+        std::unique_lock<std::mutex> lock(upgradeMutex_);
+        int r = 0;
+        switch (upgrade_.load()) {
+        case Upgrade::Offer:
+            sendOfferLocked(); // the HELLO goes before the first byte of ours
+            break;
+        case Upgrade::Maybe:
+            r = serverUpgradeLocked(out);
+            break;
+        default:
+            break;
+        }
+        if (upgrade_.load() == Upgrade::Answer) {
+            // The server's answer comes before its first byte: a read takes it first; a write
+            // looks for it too (a client that only writes must switch as well).
+            const int a = clientAnswerLocked();
+            if (!out)
+                r = a;
+        }
+        if (late())
+            lateStepLocked();
+        if (r != -EAGAIN || !upgradeBlocking(flags))
             return r;
-        return upgrade_.load() == Upgrade::ExpectCancel ? serverUpgradeLocked(out, flags) : 0;
-    default:
-        return 0;
+        // A blocking read waits for the peer's first bytes as the kernel would (SO_RCVTIMEO,
+        // signals), without the upgrade's lock: a writer on another thread goes on.
+        lock.unlock();
+        uint8_t byte;
+        const ssize_t w = peekKernel(&byte, 1, true);
+        if (w < 0)
+            return static_cast<int>(w);
     }
 }
 
@@ -162,6 +175,15 @@ bool HybridSocket::sendUpgradeMessage(int type, uint16_t port, uint64_t token)
     return sys::sendmsg(fd_, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(n);
 }
 
+void HybridSocket::lateNoteAddresses()
+{
+    const KernelAddresses a = kernelAddresses(fd_);
+    lateLocal_ = a.local;
+    lateLocalLen_ = a.localLen;
+    latePeer_ = a.peer;
+    latePeerLen_ = a.peerLen;
+}
+
 KernelAddresses kernelAddresses(int fd)
 {
     KernelAddresses a;
@@ -201,7 +223,13 @@ void HybridSocket::stayKernelLocked(Fallback why, const char *detail)
 void HybridSocket::adoptUpgradedLocked(std::shared_ptr<Socket> s, bool accepted)
 {
     s->setNonblocking(nonblocking());
-    const KernelAddresses a = kernelAddresses(fd_);
+    KernelAddresses a = kernelAddresses(fd_);
+    if (latePeerLen_) {
+        a.local = lateLocal_;
+        a.localLen = lateLocalLen_;
+        a.peer = latePeer_;
+        a.peerLen = latePeerLen_;
+    }
     const sockaddr_storage &local = a.local, &peer = a.peer;
     const socklen_t llen = a.localLen, plen = a.peerLen;
     auto record = std::make_unique<ConnRecord>(fd_, true, Fallback::None, accepted, a.localAddr(),
@@ -251,8 +279,9 @@ void HybridSocket::sendOfferLocked()
         stayKernelLocked(Fallback::NotUpgraded, "the HELLO could not be sent");
         return;
     }
-    upgradeDeadlineMs_ = 0; // the wait starts with the first I/O: a client may idle first
-    upgrade_.store(Upgrade::AwaitReply, std::memory_order_release);
+    // Our bytes follow at once, counted for the switch (hybrid_late.cpp).
+    lateWritten_ = 0;
+    upgrade_.store(Upgrade::Answer, std::memory_order_release);
 }
 
 } // namespace rstream::shim

@@ -123,10 +123,6 @@ const RangeSet *refreshRanges()
 
 // ---- Descriptor limit -------------------------------------------------------------------------
 
-// Internal fds go at or above this number; 0 while they cannot (before the constructor ran, or
-// when the limit leaves no room above it).
-std::atomic<int> gHighBase{0};
-
 // How far above the base the soft limit is raised at most.
 constexpr rlim_t kInternalReserve = 65536;
 
@@ -199,25 +195,9 @@ void initFdLimit()
     if (rl.rlim_cur <= base)
         base = std::max<rlim_t>(FD_SETSIZE, rl.rlim_cur / 2);
     if (rl.rlim_cur > base && base < static_cast<rlim_t>(FdTable<HybridSocket>::kMaxFd))
-        gHighBase.store(static_cast<int>(base), std::memory_order_relaxed);
+        setHighFdBase(static_cast<int>(base));
     // Prime the address ranges while the process is still quiet.
     internalAddress(reinterpret_cast<const void *>(&initFdLimit));
-}
-
-int moveHigh(int fd)
-{
-    const int base = gHighBase.load(std::memory_order_relaxed);
-    if (fd < 0 || base == 0 || fd >= base)
-        return fd;
-    const int saved = errno;
-    int high = shim().real.fcntl()(fd, F_DUPFD_CLOEXEC, base);
-    if (high < 0) {
-        errno = saved; // no room (the program lowered its limit): stay where we are
-        return fd;
-    }
-    shim().real.close()(fd);
-    errno = saved;
-    return high;
 }
 
 } // namespace rstream::shim

@@ -183,8 +183,9 @@ inline bool internalCall(const void *ra)
 }
 
 // Moves an fd an internal caller created above the range the application uses (see
-// internal.cpp for how RLIMIT_NOFILE is handled); returns the fd to use.
+// internal.cpp for how RLIMIT_NOFILE is handled); returns the fd to use (highfd.cpp).
 int moveHigh(int fd);
+void setHighFdBase(int base);
 void initFdLimit();
 
 // ---- The C boundary -------------------------------------------------------------------------

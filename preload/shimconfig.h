@@ -27,7 +27,7 @@ struct ShimConfig
     int portOffset = 20000; // fabric listener port = app port + offset (wrapping above 65535)
     int connectTimeoutMs = 2000;
     int negativeCacheMs = 30000;
-    int upgradeTimeoutMs = 2000;            // an in-band upgrade waits this long for the peer
+    int upgradeTimeoutMs = 2000;            // a switch waits this long for the peer's count
     std::vector<std::pair<int, int>> ports; // port ranges to offload; empty: all
     struct Net
     {

@@ -65,6 +65,9 @@ bool loadFabricInBackground(const Settings &settings);
 bool fabricLoadReady();
 int fabricLoadFd();
 void waitFabricLoad();
+// Whether a fabric socket can be made now without waiting for the load (loaded here, or in
+// the background and done).
+bool fabricReady();
 
 // The provider to use: Settings::provider, else verbs when the kernel has an RDMA device and
 // verbs reports it, else tcp (chosen without loading libfabric when there is no device).

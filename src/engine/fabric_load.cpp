@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <poll.h>
@@ -44,6 +45,10 @@ public:
                        strerror(-fd));
                 return;
             }
+            // A program that exits while the thread loads would run libfabric's destructors
+            // under it (the exit waits for the dlopen, then finalizes what the thread is still
+            // setting up: a crash). So the exit waits for the load first, which it takes at most.
+            atexit([] { waitFabricLoad(); });
             // The thread must not take the program's signals.
             sigset_t all, old;
             sigfillset(&all);
@@ -93,6 +98,12 @@ bool fabricLoadReady()
 int fabricLoadFd()
 {
     return BackgroundLoad::instance().fd();
+}
+
+bool fabricReady()
+{
+    auto &l = BackgroundLoad::instance();
+    return l.ready() || (l.fd() < 0 && fabricLoadDone());
 }
 
 void waitFabricLoad()

@@ -1,28 +1,35 @@
 // SPDX-License-Identifier: MIT
-// The deferred upgrade's wire format: the refusal that defers a fabric connect, and the
-// messages two shims exchange in-band on a kernel TCP connection to move it to the fabric.
+// The in-band upgrade's wire format: the refusal that defers a fabric connect, and the messages
+// two shims exchange on a kernel TCP connection to move it to the fabric mid-stream.
 //
-// A listener whose process has forked cannot tell which process will serve a connection, so it
-// refuses fabric connection requests with a Refusal whose reason is Defer (CM reject data).
-// The client then connects over kernel TCP and knows, from that refusal alone, that the
-// process listening runs the shim. Only then does it send an upgrade message, so a peer without
-// the shim never sees one. On the TCP stream (both directions start with them, before any byte
-// of the application):
+// Only a client that knows the listener runs the shim offers the upgrade, so a peer without the
+// shim never sees a byte of it: it knows from the listener's beacon (an abstract UNIX socket
+// named after the listening address, for a destination on this host) or from a Refusal whose
+// reason is Defer (CM reject data), the answer of a shim listener to another process's fabric
+// connect. The offer and the answer ride at the head of each direction, and nobody waits for
+// them: the application's bytes follow at once over kernel TCP.
 //
-//   client -> server  HELLO                       (first bytes the client sends)
-//   server -> client  ACCEPT port token | DECLINE (first bytes the server sends)
-//   client -> server  CANCEL                      (only when it gives up: then kernel TCP)
+//   client -> server  HELLO                       (the first bytes the client sends)
+//   server -> client  ACCEPT port token | DECLINE (the first bytes the server sends, unless it
+//                                                  wrote before it read the HELLO: then none,
+//                                                  and its bytes tell the client)
 //
 // Each message is a 16-byte header, ACCEPT adds 16 bytes:
 //   0..7   magic: ff 'R' 'S' 'T' 'U' 'P' 'G' version(1)
-//   8      type: 1 HELLO, 2 ACCEPT, 3 DECLINE, 4 CANCEL
+//   8      type: 1 HELLO, 2 ACCEPT, 3 DECLINE (4: reserved, an earlier CANCEL)
 //   9..15  zero
 //   ACCEPT 16..17 the server's fabric port for this upgrade (network order), 18..23 zero,
 //          24..31 a random token (network order)
-// The client then connects to that fabric port and sends the token as the first 8 bytes of
-// the fabric stream; the server answers one byte (kUpgradeAck) when the token was one it waits
-// for, and closes the connection otherwise. A server that has written application bytes before
-// it reads the HELLO answers nothing: its first bytes tell the client to stay on kernel TCP.
+//
+// The switch: both ends count the application bytes each writes over kernel TCP after the
+// HELLO (client) or the ACCEPT (server). Once its libfabric is ready the client connects to the
+// port and sends the token (8 bytes) first. The server, when it next looks, claims the
+// connection that brought its token (closing any other), answers kUpgradeAck and M (8 bytes,
+// network order: what it wrote over kernel TCP), writes only on the fabric from then on and
+// shuts down its sending side of the kernel connection. The client answers N (8 bytes: what it
+// wrote over kernel TCP) and does the same. Each side reads the kernel connection up to the
+// count the other declared, then the fabric. Nothing is framed or held back; a count the peer
+// does not reach is a broken connection (ECONNRESET).
 #pragma once
 
 #include <cstddef>
@@ -46,7 +53,7 @@ enum class UpgradeType : uint8_t
     Hello = 1,
     Accept = 2,
     Decline = 3,
-    Cancel = 4,
+    Cancel = 4, // reserved: an earlier protocol's, never sent
 };
 constexpr size_t kUpgradeHeaderSize = 16;
 constexpr size_t kUpgradeAcceptSize = 32;

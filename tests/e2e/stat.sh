@@ -48,9 +48,15 @@ done
 sleep 1
 "$rstat" -j "$cpid" >"$work/s1.json" || fail "rstream-stat $cpid failed"
 "$rstat" -j "$spid" >"$work/v1.json" || fail "rstream-stat $spid failed"
-sleep 1.5
-"$rstat" -j "$cpid" >"$work/s2.json" || fail "rstream-stat $cpid failed (second sample)"
-"$rstat" -j "$spid" >"$work/v2.json" || fail "rstream-stat $spid failed (second sample)"
+# The second sample once the bulk connection's rings have grown (they grow with the traffic
+# after its switch to the fabric), 3 s at most.
+for _ in $(seq 30); do
+	sleep 0.1
+	"$rstat" -j "$cpid" >"$work/s2.json" || fail "rstream-stat $cpid failed (second sample)"
+	"$rstat" -j "$spid" >"$work/v2.json" || fail "rstream-stat $spid failed (second sample)"
+	[ "$(biggest "$work/s2.json" send_ring)" -gt 32768 ] &&
+		[ "$(biggest "$work/v2.json" recv_ring)" -gt 32768 ] && break
+done
 "$rstat" >"$work/all.txt" || fail "rstream-stat failed"
 cat "$work/s1.json" "$work/v2.json" "$work/all.txt"
 

@@ -1,0 +1,430 @@
+// SPDX-License-Identifier: MIT
+// The late switch (upgrade_wire.h): a client whose libfabric is still loading when the server
+// accepts its upgrade does not wait for it. Both ends carry on over kernel TCP at once, counting
+// the application bytes each writes and reads there, and move to the fabric mid-stream once the
+// client's fabric is ready: each side declares how much it wrote over kernel TCP, writes only on
+// the fabric from then on, and reads the kernel connection up to the other's count before
+// reading the fabric. Nothing is framed or held back, and no call waits for the switch.
+
+#include "hybrid.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "clock.h"
+#include "fabric.h"
+#include "hybrid_internal.h"
+#include "log.h"
+#include "shimaddr.h"
+#include "upgrade.h"
+#include "upgrade_wire.h"
+
+namespace rstream::shim {
+
+namespace {
+
+// How long a connection runs before it loads libfabric for its switch (see LateLoad).
+constexpr int64_t kLoadDelayMs = 50;
+
+constexpr size_t kServerCountSize = 1 + 8; // the ack and M
+constexpr size_t kClientCountSize = 8;     // N
+
+} // namespace
+
+void HybridSocket::lateGiveUpLocked(const char *why)
+{
+    // Before the switch: the kernel connection carries on alone, which the peer does too (the
+    // client's fabric connection is closed before any count, or never made).
+    if (upSock_) {
+        upSock_->close();
+        upSock_.reset();
+    }
+    upgrade_.store(Upgrade::None, std::memory_order_release);
+    stayKernelLocked(Fallback::NotUpgraded, why);
+}
+
+bool HybridSocket::lateReadCount(size_t need, bool *closed)
+{
+    while (lateBufLen_ < need) {
+        iovec iov{lateBuf_ + lateBufLen_, need - lateBufLen_};
+        const ssize_t r = upSock_->recv(&iov, 1, MSG_DONTWAIT);
+        if (r > 0) {
+            lateBufLen_ += static_cast<size_t>(r);
+            continue;
+        }
+        if (r == 0 || (r < 0 && r != -EAGAIN))
+            *closed = true;
+        return false;
+    }
+    return true;
+}
+
+bool HybridSocket::lateFinishLocked()
+{
+    if (upgrade_.load() != Upgrade::LateSwitch || !lateTargetKnown_)
+        return false;
+    std::unique_lock<std::mutex> r(lateReadMutex_, std::try_to_lock);
+    std::unique_lock<std::mutex> w(lateWriteMutex_, std::try_to_lock);
+    if (!r.owns_lock() || !w.owns_lock() || lateRead_ < lateTarget_)
+        return false;
+    // Both directions are on the fabric now.
+    adoptUpgradedLocked(upSock_, accepted_);
+    if (bytes_) {
+        bytes_->sent.fetch_add(lateFabricSent_.load(), std::memory_order_relaxed);
+        bytes_->received.fetch_add(lateFabricReceived_.load(), std::memory_order_relaxed);
+    }
+    return true;
+}
+
+void HybridSocket::lateStepLocked()
+{
+    switch (upgrade_.load()) {
+    case Upgrade::LateLoad: {
+        if (!fabricReady()) {
+            // This process has not loaded libfabric yet (about 0.3 s of a thread's time). A
+            // connection that is over within kLoadDelayMs would not switch anyway, and a
+            // short-lived program would then only wait for the load at its exit: so only one
+            // that lasts starts the load.
+            if (nowMs() - lateSinceMs_ >= kLoadDelayMs)
+                loadFabricInBackground(Settings::fromEnv());
+            return;
+        }
+        sockaddr_storage dest;
+        socklen_t dlen;
+        {
+            std::lock_guard<std::mutex> l(mutex_);
+            dest = peer_;
+            dlen = peerLen_;
+        }
+        setPort(&dest, latePort_);
+        std::shared_ptr<Socket> s;
+        const int e = startFabric(reinterpret_cast<sockaddr *>(&dest), dlen, &s);
+        if (e != 0 && e != -EINPROGRESS) {
+            lateGiveUpLocked(strerror(-e));
+            return;
+        }
+        upSock_ = std::move(s);
+        upStepDeadlineMs_ = nowMs() + config_.connectTimeoutMs;
+        upgrade_.store(Upgrade::LateConnect, std::memory_order_release);
+        [[fallthrough]];
+    }
+    case Upgrade::LateConnect: {
+        upSock_->pollEvents(POLLOUT); // moves the connect on
+        int st = upSock_->connectStatus();
+        if (st == -EINPROGRESS) {
+            if (nowMs() < upStepDeadlineMs_)
+                return;
+            st = -ETIMEDOUT;
+        }
+        if (st != 0) {
+            lateGiveUpLocked(strerror(-st));
+            return;
+        }
+        uint8_t token[wire::kUpgradeTokenSize];
+        wire::encodeToken(pendingToken_, token);
+        iovec iov{token, sizeof(token)};
+        if (upSock_->send(&iov, 1, MSG_DONTWAIT | MSG_NOSIGNAL) !=
+            static_cast<ssize_t>(sizeof(token))) {
+            lateGiveUpLocked("the token could not be sent");
+            return;
+        }
+        lateBufLen_ = 0;
+        upgrade_.store(Upgrade::LateToken, std::memory_order_release);
+        RS_LOG_FD(Debug, fd_, "switch: fabric connection up, token sent");
+        [[fallthrough]];
+    }
+    case Upgrade::LateToken: {
+        // Whenever the server gets to it (its next call or poll): its ack and count.
+        bool closed = false;
+        if (!lateReadCount(kServerCountSize, &closed)) {
+            if (closed)
+                lateGiveUpLocked("the server did not take the fabric connection");
+            return;
+        }
+        if (lateBuf_[0] != wire::kUpgradeAck) {
+            lateGiveUpLocked("the server's answer was not the ack");
+            return;
+        }
+        std::unique_lock<std::mutex> w(lateWriteMutex_, std::try_to_lock);
+        if (!w.owns_lock())
+            return; // a write is under way: the next look switches
+        uint8_t n[kClientCountSize];
+        wire::encodeToken(lateWritten_, n);
+        iovec iov{n, sizeof(n)};
+        if (upSock_->send(&iov, 1, MSG_DONTWAIT | MSG_NOSIGNAL) !=
+            static_cast<ssize_t>(sizeof(n))) {
+            // The server writes on the fabric already: without our count it cannot read on.
+            upSock_->close();
+            sys::shutdown(fd_, SHUT_RDWR);
+            upgrade_.store(Upgrade::None, std::memory_order_release);
+            stayKernelLocked(Fallback::NotUpgraded, "the count could not be sent: shut down");
+            return;
+        }
+        // The server reads the kernel connection up to N, then its end.
+        sys::shutdown(fd_, SHUT_WR);
+        if (lateShutWr_)
+            upSock_->shutdown(SHUT_WR);
+        lateTarget_ = wire::decodeToken(lateBuf_ + 1);
+        lateTargetKnown_ = true;
+        RS_LOG_FD(Debug, fd_, "switch: wrote %llu bytes over kernel TCP, reads %llu of %llu",
+                  static_cast<unsigned long long>(lateWritten_),
+                  static_cast<unsigned long long>(lateRead_),
+                  static_cast<unsigned long long>(lateTarget_));
+        upSock_->setNonblocking(nonblocking()); // the application's calls use it now
+        upgrade_.store(Upgrade::LateSwitch, std::memory_order_release);
+        w.unlock();
+        lateFinishLocked();
+        return;
+    }
+    case Upgrade::LateServer: {
+        if (!upSock_) {
+            if (!pendingUl_)
+                return;
+            upSock_ = pendingUl_->claim(pendingToken_);
+            if (!upSock_)
+                return;
+            pendingUl_.reset(); // claimed: no longer expected
+        }
+        std::unique_lock<std::mutex> w(lateWriteMutex_, std::try_to_lock);
+        if (!w.owns_lock())
+            return;
+        uint8_t msg[kServerCountSize];
+        msg[0] = wire::kUpgradeAck;
+        wire::encodeToken(lateWritten_, msg + 1);
+        iovec iov{msg, sizeof(msg)};
+        if (upSock_->send(&iov, 1, MSG_DONTWAIT | MSG_NOSIGNAL) !=
+            static_cast<ssize_t>(sizeof(msg))) {
+            lateGiveUpLocked("the ack could not be sent"); // the client reads EOF: gives up
+            return;
+        }
+        sys::shutdown(fd_, SHUT_WR); // the client reads the kernel connection up to M
+        RS_LOG_FD(Debug, fd_, "switch: claimed, wrote %llu bytes over kernel TCP",
+                  static_cast<unsigned long long>(lateWritten_));
+        if (lateShutWr_)
+            upSock_->shutdown(SHUT_WR);
+        lateTargetKnown_ = false;
+        lateBufLen_ = 0;
+        upSock_->setNonblocking(nonblocking());
+        upgrade_.store(Upgrade::LateSwitch, std::memory_order_release);
+        w.unlock();
+        [[fallthrough]];
+    }
+    case Upgrade::LateSwitch: {
+        if (!lateTargetKnown_) {
+            bool closed = false;
+            if (!lateReadCount(kClientCountSize, &closed)) {
+                if (closed)
+                    lateFabricEnd_ = true; // the client went away: the kernel end is the end
+                return;
+            }
+            lateTarget_ = wire::decodeToken(lateBuf_);
+            lateTargetKnown_ = true;
+            RS_LOG_FD(Debug, fd_, "switch: reads %llu of %llu over kernel TCP",
+                      static_cast<unsigned long long>(lateRead_),
+                      static_cast<unsigned long long>(lateTarget_));
+        }
+        lateFinishLocked();
+        return;
+    }
+    default:
+        return;
+    }
+}
+
+ssize_t HybridSocket::lateIo(bool out, const iovec *iov, int iovcnt, int flags)
+{
+    if (out) {
+        std::unique_lock<std::mutex> w(lateWriteMutex_);
+        const Upgrade u = upgrade_.load();
+        if (!isLate(u)) {
+            w.unlock();
+            return io(out, iov, iovcnt, flags);
+        }
+        if (u == Upgrade::LateSwitch) {
+            const ssize_t r = upSock_->send(iov, iovcnt, flags);
+            if (r > 0)
+                lateFabricSent_ += static_cast<uint64_t>(r);
+            return r;
+        }
+        const ssize_t r = kernelIo(true, iov, iovcnt, flags);
+        if (r > 0)
+            lateWritten_ += static_cast<uint64_t>(r);
+        return r;
+    }
+    // A reader that meets the end of the kernel connection waits for the count its peer sent on
+    // the fabric just before (within a round trip, unless the peer died):
+    // RSTREAM_UPGRADE_TIMEOUT_MS.
+    const int64_t deadline = nowMs() + config_.upgradeTimeoutMs;
+    for (;;) {
+        std::unique_lock<std::mutex> rd(lateReadMutex_);
+        const Upgrade u = upgrade_.load();
+        if (!isLate(u)) {
+            rd.unlock();
+            return io(out, iov, iovcnt, flags);
+        }
+        const bool known = u == Upgrade::LateSwitch && lateTargetKnown_;
+        if (known && lateRead_ >= lateTarget_) {
+            // The kernel part is read: the fabric from here on.
+            rd.unlock();
+            {
+                std::unique_lock<std::mutex> ul(upgradeMutex_, std::try_to_lock);
+                if (ul.owns_lock())
+                    lateFinishLocked();
+            }
+            if (!late())
+                return io(out, iov, iovcnt, flags);
+            const ssize_t f = upSock_->recv(iov, iovcnt, flags);
+            if (f > 0 && !(flags & MSG_PEEK))
+                lateFabricReceived_ += static_cast<uint64_t>(f);
+            return f;
+        }
+        // The kernel connection, never past the peer's count.
+        std::vector<iovec> part;
+        const iovec *use = iov;
+        int usecnt = iovcnt;
+        if (known) {
+            uint64_t left = lateTarget_ - lateRead_;
+            for (int i = 0; i < iovcnt && left; i++) {
+                const size_t n = static_cast<size_t>(std::min<uint64_t>(iov[i].iov_len, left));
+                part.push_back({iov[i].iov_base, n});
+                left -= n;
+            }
+            use = part.data();
+            usecnt = static_cast<int>(part.size());
+        }
+        const ssize_t r = kernelIo(false, use, usecnt, flags);
+        if (r > 0) {
+            if (!(flags & MSG_PEEK))
+                lateRead_ += static_cast<uint64_t>(r);
+            return r;
+        }
+        if (r != 0)
+            return r;
+        // The end of the kernel connection: the real end, or the peer switched (it sent its
+        // count on the fabric before shutting the kernel connection down).
+        if (known)
+            return -ECONNRESET; // fewer bytes than the peer declared
+        if (u != Upgrade::LateToken && u != Upgrade::LateSwitch)
+            return 0;
+        if (u == Upgrade::LateSwitch && lateFabricEnd_)
+            return 0;
+        rd.unlock();
+        // The count decides: step until it is here (or the fabric connection ended).
+        {
+            std::lock_guard<std::mutex> ul(upgradeMutex_);
+            lateStepLocked();
+        }
+        const Upgrade now = upgrade_.load();
+        if (!isLate(now) || (now == Upgrade::LateSwitch && (lateTargetKnown_ || lateFabricEnd_)))
+            continue;
+        if (!upgradeBlocking(flags))
+            return -EAGAIN;
+        if (nowMs() >= deadline)
+            return -ECONNRESET;
+        std::vector<pollfd> fds;
+        if (upSock_->prepareWait(&fds, POLLIN) == -EAGAIN)
+            continue;
+        const timespec tick{0, 100 * 1000000L};
+        if (sys::ppoll(fds.data(), fds.size(), &tick, nullptr) == -EINTR)
+            return -EINTR;
+    }
+}
+
+int HybridSocket::latePollEvents(int events)
+{
+    if (upgrade_.load() != Upgrade::LateSwitch)
+        return kernelPollNow(events);
+    int rev = 0;
+    if (events & POLLOUT)
+        rev |= upSock_->pollEvents(POLLOUT) & (POLLOUT | POLLERR | POLLHUP);
+    if (events & POLLIN) {
+        if (lateTargetKnown_ && lateRead_ >= lateTarget_)
+            rev |= upSock_->pollEvents(POLLIN) & (POLLIN | POLLRDHUP | POLLERR | POLLHUP);
+        else
+            rev |= kernelPollNow(POLLIN) & POLLIN; // data, or the end that brings the count
+    }
+    return rev;
+}
+
+int HybridSocket::lateWaitFds(std::vector<pollfd> *fds, int events)
+{
+    std::unique_lock<std::mutex> lock(upgradeMutex_, std::try_to_lock);
+    if (!lock.owns_lock())
+        return -EAGAIN;
+    const Upgrade u = upgrade_.load();
+    int r = 0;
+    switch (u) {
+    case Upgrade::Answer:
+        fds->push_back({fd_, static_cast<short>(events), 0});
+        break;
+    case Upgrade::LateLoad: {
+        fds->push_back({fd_, static_cast<short>(events), 0});
+        const int loadFd = fabricLoadFd();
+        if (loadFd >= 0)
+            fds->push_back({loadFd, POLLIN, 0});
+        else if (fabricReady())
+            return -EAGAIN; // ready: the next look connects
+        break;
+    }
+    case Upgrade::LateConnect:
+        fds->push_back({fd_, static_cast<short>(events), 0});
+        r = upSock_->prepareWait(fds, POLLOUT);
+        break;
+    case Upgrade::LateToken:
+        fds->push_back({fd_, static_cast<short>(events), 0});
+        r = upSock_->prepareWait(fds, POLLIN);
+        break;
+    case Upgrade::LateServer:
+        fds->push_back({fd_, static_cast<short>(events), 0});
+        if (pendingUl_)
+            r = pendingUl_->prepareWait(fds);
+        else if (upSock_)
+            fds->push_back({fd_, POLLOUT, 0}); // claimed, a write under way: when it ends
+        break;
+    case Upgrade::LateSwitch:
+        if (!lateTargetKnown_ || (events & POLLOUT) || lateRead_ >= lateTarget_)
+            r = upSock_->prepareWait(fds, static_cast<int>(events | POLLIN));
+        if (!lateTargetKnown_ || lateRead_ < lateTarget_)
+            fds->push_back({fd_, POLLIN, 0});
+        break;
+    default:
+        return -EAGAIN;
+    }
+    return r;
+}
+
+void HybridSocket::lateAccount()
+{
+    std::lock_guard<std::mutex> lock(upgradeMutex_);
+    const Upgrade u = upgrade_.load();
+    if (!isLate(u))
+        return;
+    if (u != Upgrade::LateSwitch) {
+        stayKernelLocked(Fallback::BeforeSwitch, "it ended before its switch to the fabric");
+        return;
+    }
+    std::lock_guard<std::mutex> l(mutex_);
+    if (!fallbackCounted_) {
+        fallbackCounted_ = true;
+        countFabricConnection(); // it ended on the fabric, its first bytes over kernel TCP
+    }
+}
+
+int HybridSocket::lateShutdown(int how)
+{
+    std::lock_guard<std::mutex> w(lateWriteMutex_);
+    if (upgrade_.load() == Upgrade::LateSwitch) {
+        int r = 0;
+        if (how != SHUT_RD)
+            r = upSock_->shutdown(SHUT_WR); // the kernel side is shut down already
+        if (how != SHUT_WR)
+            sys::shutdown(fd_, SHUT_RD);
+        return r;
+    }
+    if (how != SHUT_RD)
+        lateShutWr_ = true; // the fabric's sending side goes too, at the switch
+    return sys::shutdown(fd_, how);
+}
+
+} // namespace rstream::shim
