@@ -187,6 +187,13 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
                 if (r == 0 && deferred)
                     return connectKernel(addr, len, inet, Fallback::NotUpgraded, port, key, 0,
                                          true);
+                // Something listens there, and only a fabric attempt can tell what: with
+                // libfabric still to load (about 0.3 s), this connection does not wait for it
+                // (kernel TCP, no offer); the next ones make the attempt once it is loaded.
+                if (r == 0 && !fabricReady() && loadFabricInBackground(Settings::fromEnv())) {
+                    noteEngineUsed();
+                    return connectKernel(addr, len, inet, Fallback::Loading, port, key, 0);
+                }
                 if (r == 0)
                     r = connectFabric(reinterpret_cast<sockaddr *>(&dest), len, &s);
             }
@@ -347,6 +354,7 @@ void HybridSocket::settleSlow()
     socklen_t destLen = 0;
     int probed = 1; // no light probe
     bool cachedOffer = false;
+    bool loading = false;
     {
         std::lock_guard<std::mutex> lock(mutex_);
         s = sock_;
@@ -368,6 +376,11 @@ void HybridSocket::settleSlow()
     } else if (cachedOffer) {
         st = -ECONNREFUSED; // as the deferring listener would answer
         noteEngineUsed();
+    } else if (probed == 0 && !fabricReady() && loadFabricInBackground(Settings::fromEnv())) {
+        // As a blocking connect does: no waiting for libfabric (see connect()).
+        noteEngineUsed();
+        loading = true;
+        st = -EAGAIN;
     } else if (!s && destLen) {
         // Something listens: libfabric loads (in the background), then the attempt starts.
         if (probed == 0) {
@@ -411,11 +424,12 @@ void HybridSocket::settleSlow()
     if (offer) {
         if (!cachedOffer)
             deferCache().add(p->key, config_.negativeCacheMs);
-    } else {
+    } else if (!loading) {
         deferCache().remove(p->key);
         negativeCache().add(p->key, config_.negativeCacheMs);
     }
-    const Fallback why = offer                 ? Fallback::NotUpgraded
+    const Fallback why = loading               ? Fallback::Loading
+                         : offer               ? Fallback::NotUpgraded
                          : st == -ECONNREFUSED ? Fallback::Refused
                          : st == -ETIMEDOUT    ? Fallback::Timeout
                                                : Fallback::ProviderError;

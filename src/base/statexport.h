@@ -35,12 +35,13 @@ enum class Fallback : uint8_t
     ForkChild,     // a socket of a fork child, whose parent used the fabric
     NotUpgraded,   // deferred to kernel TCP by the listener, and the in-band upgrade was not made
     BeforeSwitch,  // upgrading, it ended over kernel TCP before its switch to the fabric came
+    Loading,       // a fabric attempt was needed and libfabric was still loading: not waited for
     Count
 };
 constexpr const char *kFallbackNames[] = {
-    "none",           "refused",        "timeout",      "excluded",    "ports",
-    "negative_cache", "provider_error", "port_busy",    "kernel_peer", "unsupported",
-    "fork_child",     "not_upgraded",   "before_switch"};
+    "none",           "refused",        "timeout",       "excluded",    "ports",
+    "negative_cache", "provider_error", "port_busy",     "kernel_peer", "unsupported",
+    "fork_child",     "not_upgraded",   "before_switch", "loading"};
 static_assert(sizeof(kFallbackNames) / sizeof(kFallbackNames[0]) ==
               static_cast<size_t>(Fallback::Count));
 constexpr int kFallbackCount = static_cast<int>(Fallback::Count);

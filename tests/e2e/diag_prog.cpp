@@ -165,6 +165,11 @@ int main(int argc, char **argv)
     std::printf("pid %d\n", static_cast<int>(getpid()));
     std::fflush(stdout);
     const std::string mode = argc > 1 ? argv[1] : "";
+    // DIAG_LOAD_FIRST=1: a listener first (under the shim, that loads libfabric before main goes
+    // on), so that the connects meet a loaded fabric.
+    const char *loadFirst = std::getenv("DIAG_LOAD_FIRST");
+    if (loadFirst && std::strcmp(loadFirst, "1") == 0 && listenOn(0) < 0)
+        return 1;
     if (mode == "blackhole" && argc > 2)
         return blackhole(argc - 2, argv + 2);
     if (mode == "connect" && argc > 3)

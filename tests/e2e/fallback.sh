@@ -103,8 +103,16 @@ for _ in 1 2 3 4 5; do
 	wait_listen "$port" "$server_pid" 1 && break
 	stop_pid "$server_pid" || true
 done
-RSTREAM_CONNECT_TIMEOUT_MS=300 shim timeout 20 "$diag" connect "$port" 2 >"$work/timeout.log" 2>&1 ||
-	fail "timeout: the client failed"
+# A process without libfabric yet does not wait for it: kernel TCP at once (loading), twice.
+shim loading 20 "$diag" connect "$port" 2 >"$work/loading.log" 2>&1 || fail "loading: the client failed"
+expect_stat loading loading 2
+expect_stat loading fallback_connections 2
+ms=$(sed -n 's/^elapsed_ms //p' "$work/loading.log")
+[ "$ms" -lt 250 ] || fail "loading: the connects took $ms ms"
+log "loading counted ($ms ms)"
+# With libfabric loaded, the fabric attempt decides.
+DIAG_LOAD_FIRST=1 RSTREAM_CONNECT_TIMEOUT_MS=300 shim timeout 20 "$diag" connect "$port" 2 \
+	>"$work/timeout.log" 2>&1 || fail "timeout: the client failed"
 expect_stat timeout timeout 1
 expect_stat timeout negative_cache 1
 expect_stat timeout fallback_connections 2
@@ -114,7 +122,8 @@ ms=$(sed -n 's/^elapsed_ms //p' "$work/timeout.log")
 # A nonblocking connect to the same port does not wait for the fabric attempt: connect() returns
 # without it (the first call still pays for loading the provider, ~0.2 s) and the connection
 # comes up (over kernel TCP) once the attempt timed out.
-RSTREAM_CONNECT_TIMEOUT_MS=1500 shim timeout_nb 20 "$diag" connect-nb "$port" >"$work/timeout_nb.log" 2>&1 ||
+DIAG_LOAD_FIRST=1 RSTREAM_CONNECT_TIMEOUT_MS=1500 shim timeout_nb 20 "$diag" connect-nb "$port" \
+	>"$work/timeout_nb.log" 2>&1 ||
 	fail "timeout: the nonblocking client failed: $(tail -n3 "$work/timeout_nb.log")"
 call=$(sed -n 's/^call_ms //p' "$work/timeout_nb.log")
 ms=$(sed -n 's/^elapsed_ms //p' "$work/timeout_nb.log")

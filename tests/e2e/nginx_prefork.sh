@@ -38,9 +38,9 @@ grep -qE '^Failed requests: +0$' "$work/ab.log" || fail "ab: failed requests"
 expect_no_fallback ab
 
 # Keep-alive connections, each serving many requests: every one switches to the fabric.
-shim abk 60 ab -q -k -n 20000 -c 10 "http://127.0.0.1:$port/" >"$work/abk.log" 2>&1 ||
+shim abk 60 ab -q -k -n 60000 -c 10 "http://127.0.0.1:$port/" >"$work/abk.log" 2>&1 ||
 	fail "ab -k exited with an error"
-grep -qE '^Complete requests: +20000$' "$work/abk.log" || fail "ab -k: not 20000 requests"
+grep -qE "^Complete requests: +60000$" "$work/abk.log" || fail "ab -k: not 60000 requests"
 grep -qE '^Failed requests: +0$' "$work/abk.log" || fail "ab -k: failed requests"
 expect_fabric abk 10
 
