@@ -53,6 +53,8 @@ bool lightProbeApplies();
 // dest, an address of this host, has a shim listener behind it (hybrid_probe.cpp).
 int openBeacon(const sockaddr *local);
 void closeBeacon(int fd, const sockaddr *local);
+// Whether addr is an address of this host (in its network namespace).
+bool hostAddress(const sockaddr *addr);
 bool shimListenerHere(const sockaddr *dest);
 
 // Whether this process has used the fabric (a fork child of such a process must not).

@@ -187,10 +187,13 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
                 if (r == 0 && deferred)
                     return connectKernel(addr, len, inet, Fallback::NotUpgraded, port, key, 0,
                                          true);
-                // Something listens there, and only a fabric attempt can tell what: with
-                // libfabric still to load (about 0.3 s), this connection does not wait for it
-                // (kernel TCP, no offer); the next ones make the attempt once it is loaded.
-                if (r == 0 && !fabricReady() && loadFabricInBackground(Settings::fromEnv())) {
+                // Something listens there, and only a fabric attempt can tell what. On this
+                // host every shim listener has a beacon, so it is none of ours: with libfabric
+                // still to load (about 0.3 s), this connection does not wait for it (kernel
+                // TCP, no offer). Towards another host it may well be a shim listener, whose
+                // fabric is worth the wait.
+                if (r == 0 && !fabricReady() && hostAddress(addr) &&
+                    loadFabricInBackground(Settings::fromEnv())) {
                     noteEngineUsed();
                     return connectKernel(addr, len, inet, Fallback::Loading, port, key, 0);
                 }
@@ -376,8 +379,9 @@ void HybridSocket::settleSlow()
     } else if (cachedOffer) {
         st = -ECONNREFUSED; // as the deferring listener would answer
         noteEngineUsed();
-    } else if (probed == 0 && !fabricReady() && loadFabricInBackground(Settings::fromEnv())) {
-        // As a blocking connect does: no waiting for libfabric (see connect()).
+    } else if (probed == 0 && !fabricReady() && hostAddress(reinterpret_cast<sockaddr *>(&dest)) &&
+               loadFabricInBackground(Settings::fromEnv())) {
+        // As a blocking connect does: no waiting for libfabric on this host (see connect()).
         noteEngineUsed();
         loading = true;
         st = -EAGAIN;

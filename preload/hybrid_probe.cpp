@@ -66,6 +66,8 @@ bool beaconThere(const std::string &addr)
     return r == 0 || r == -EAGAIN || r == -EINPROGRESS;
 }
 
+} // namespace
+
 // Whether addr is one of this host's (in this network namespace): loopback, or an address a
 // socket can bind.
 bool hostAddress(const sockaddr *addr)
@@ -99,6 +101,8 @@ bool hostAddress(const sockaddr *addr)
     sys::close(s);
     return r == 0;
 }
+
+namespace {
 
 // The beacons of this process's own listeners: connects to those are answered over the fabric
 // directly (a listener takes its own process's fabric connects), no upgrade needed.
