@@ -85,7 +85,7 @@ want=$(md5sum <"$work/blob")
 # This session lasts: its connection switches to the fabric during the sleep (psql loads
 # libfabric in the background meanwhile), so the 100 KB come over the fabric.
 sql psql-long shim >"$work/download" <<'EOS' || fail "psql: the download failed"
-select pg_sleep(1.5) \g /dev/null
+select pg_sleep(2.5) \g /dev/null
 select md5(s) || ' ' || s from (select string_agg(md5(g::text), '') s
 	from generate_series(1, 3125) g) t;
 EOS

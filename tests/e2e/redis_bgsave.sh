@@ -64,7 +64,7 @@ finish "$server_pid" || rc=$?
 [ "$rc" -eq 0 ] || fail "redis-server exited with $rc after SHUTDOWN"
 # The benchmark's clients once it has loaded libfabric (its first test's may end before
 # their switch); redis-cli processes are over before theirs.
-expect_fabric bench 100
+expect_fabric bench 50
 expect_no_fallback cli-ping
-expect_fabric server 100
+expect_fabric server 50
 echo PASS

