@@ -302,12 +302,19 @@ ssize_t HybridSocket::lateIo(bool out, const iovec *iov, int iovcnt, int flags)
         if (r != 0)
             return r;
         // The end of the kernel connection: the real end, or the peer switched (it sent its
-        // count on the fabric before shutting the kernel connection down).
-        if (known)
-            return -ECONNRESET; // fewer bytes than the peer declared
-        if (u != Upgrade::LateToken && u != Upgrade::LateSwitch)
-            return 0;
-        if (u == Upgrade::LateSwitch && lateFabricEnd_)
+        // count on the fabric before shutting the kernel connection down). The state as it is
+        // now: another thread may have moved the switch on while this read waited.
+        const Upgrade cur = upgrade_.load();
+        if (!isLate(cur))
+            continue; // switched meanwhile (our own shutdown ended the read): the fabric
+        if (cur == Upgrade::LateSwitch && lateTargetKnown_) {
+            if (lateRead_ < lateTarget_)
+                return -ECONNRESET; // fewer bytes than the peer declared
+            continue;               // all of them read: the fabric
+        }
+        if (cur != Upgrade::LateToken && cur != Upgrade::LateSwitch)
+            return 0; // before any token: the server cannot have switched, the real end
+        if (cur == Upgrade::LateSwitch && lateFabricEnd_)
             return 0;
         rd.unlock();
         // The count decides: step until it is here (or the fabric connection ended).
