@@ -53,7 +53,9 @@ bool HybridSocket::lateReadCount(size_t need, bool *closed)
             lateBufLen_ += static_cast<size_t>(r);
             continue;
         }
-        if (r == 0 || (r < 0 && r != -EAGAIN))
+        // The end, or a reset: the fabric connection is gone. Anything else (EAGAIN, EINTR):
+        // look again later.
+        if (r == 0 || r == -ECONNRESET || r == -EPIPE || r == -ENOTCONN)
             *closed = true;
         return false;
     }
@@ -138,8 +140,15 @@ void HybridSocket::lateStepLocked()
         // Whenever the server gets to it (its next call or poll): its ack and count.
         bool closed = false;
         if (!lateReadCount(kServerCountSize, &closed)) {
-            if (closed)
-                lateGiveUpLocked("the server did not take the fabric connection");
+            if (closed) {
+                // The server's socket closed before it claimed the token (the connection is
+                // ending there), or it no longer expected it: kernel TCP to the end.
+                upSock_->close();
+                upSock_.reset();
+                upgrade_.store(Upgrade::None, std::memory_order_release);
+                RS_LOG_FD(Info, fd_, "switch: the server closed the fabric connection first");
+                stayKernelLocked(Fallback::BeforeSwitch, "the server did not take it");
+            }
             return;
         }
         if (lateBuf_[0] != wire::kUpgradeAck) {
@@ -189,6 +198,12 @@ void HybridSocket::lateStepLocked()
         std::unique_lock<std::mutex> w(lateWriteMutex_, std::try_to_lock);
         if (!w.owns_lock())
             return;
+        // LateSwitch before the ack goes out: once the client has it, the end of the kernel
+        // connection may come at any moment, and a reader must take it for the switch.
+        lateTargetKnown_ = false;
+        lateBufLen_ = 0;
+        upSock_->setNonblocking(nonblocking());
+        upgrade_.store(Upgrade::LateSwitch, std::memory_order_release);
         uint8_t msg[kServerCountSize];
         msg[0] = wire::kUpgradeAck;
         wire::encodeToken(lateWritten_, msg + 1);
@@ -203,10 +218,6 @@ void HybridSocket::lateStepLocked()
                   static_cast<unsigned long long>(lateWritten_));
         if (lateShutWr_)
             upSock_->shutdown(SHUT_WR);
-        lateTargetKnown_ = false;
-        lateBufLen_ = 0;
-        upSock_->setNonblocking(nonblocking());
-        upgrade_.store(Upgrade::LateSwitch, std::memory_order_release);
         w.unlock();
         [[fallthrough]];
     }
@@ -214,8 +225,10 @@ void HybridSocket::lateStepLocked()
         if (!lateTargetKnown_) {
             bool closed = false;
             if (!lateReadCount(kClientCountSize, &closed)) {
-                if (closed)
+                if (closed) {
                     lateFabricEnd_ = true; // the client went away: the kernel end is the end
+                    RS_LOG_FD(Info, fd_, "switch: the client closed the fabric connection first");
+                }
                 return;
             }
             lateTarget_ = wire::decodeToken(lateBuf_);
@@ -308,9 +321,13 @@ ssize_t HybridSocket::lateIo(bool out, const iovec *iov, int iovcnt, int flags)
         if (!isLate(cur))
             continue; // switched meanwhile (our own shutdown ended the read): the fabric
         if (cur == Upgrade::LateSwitch && lateTargetKnown_) {
-            if (lateRead_ < lateTarget_)
+            if (lateRead_ < lateTarget_) {
+                RS_LOG_FD(Info, fd_, "switch: kernel TCP ended after %llu of %llu bytes: reset",
+                          static_cast<unsigned long long>(lateRead_),
+                          static_cast<unsigned long long>(lateTarget_));
                 return -ECONNRESET; // fewer bytes than the peer declared
-            continue;               // all of them read: the fabric
+            }
+            continue; // all of them read: the fabric
         }
         if (cur != Upgrade::LateToken && cur != Upgrade::LateSwitch)
             return 0; // before any token: the server cannot have switched, the real end
@@ -327,8 +344,11 @@ ssize_t HybridSocket::lateIo(bool out, const iovec *iov, int iovcnt, int flags)
             continue;
         if (!upgradeBlocking(flags))
             return -EAGAIN;
-        if (nowMs() >= deadline)
+        if (nowMs() >= deadline) {
+            RS_LOG_FD(Info, fd_, "switch: no count from the peer within %d ms: reset",
+                      config_.upgradeTimeoutMs);
             return -ECONNRESET;
+        }
         std::vector<pollfd> fds;
         if (upSock_->prepareWait(&fds, POLLIN) == -EAGAIN)
             continue;
