@@ -24,8 +24,9 @@ int HybridSocket::clientAnswerLocked()
         return 0;
     uint8_t buf[wire::kUpgradeMaxSize];
     const ssize_t r = peekKernel(buf, sizeof(buf), false);
+    // Nothing yet (EAGAIN), or the read's own error: never a read past an answer not looked at.
     if (r < 0)
-        return r == -EAGAIN ? -EAGAIN : 0; // nothing from the server yet; an error: the read's
+        return static_cast<int>(r);
     if (r == 0) {
         upgrade_.store(Upgrade::None, std::memory_order_release);
         stayKernelLocked(Fallback::NotUpgraded, "the connection ended first");

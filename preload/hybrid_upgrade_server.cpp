@@ -27,7 +27,7 @@ int HybridSocket::serverUpgradeLocked(bool out)
             serverWrote_ = true; // no HELLO yet: we speak first, so we cannot answer one
             return 0;
         }
-        return r == -EAGAIN ? -EAGAIN : 0; // an error: the read itself reports it
+        return static_cast<int>(r); // nothing yet (EAGAIN), or the read's own error
     }
     wire::UpgradeMessage msg;
     size_t size = 0;
