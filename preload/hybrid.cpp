@@ -474,8 +474,8 @@ int HybridSocket::kernelPollNow(int events)
 int HybridSocket::pollEvents(int events)
 {
     settle();
-    if (upgradePending() && upgradeProgress() && upgradePending() && !late())
-        return 0; // one end waits for the other's next step
+    if (upgradePending())
+        upgradeProgress();
     if (late())
         return latePollEvents(events);
     auto [s, m] = snapshot();

@@ -90,8 +90,8 @@ public:
         return upgrade_.load(std::memory_order_acquire) != Upgrade::None;
     }
     // For the poller: a look that moves the upgrade on (never blocks: it only tries the
-    // upgrade's lock; false: readiness as usual), and the wake-ups of the switch's steps.
-    bool upgradeProgress();
+    // upgrade's lock); readiness then comes from the kernel fd or latePollEvents.
+    void upgradeProgress();
     void upgradeAddWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered);
     // For exec: the upgrade state worth carrying into the new program ('s': a server socket that
     // has not seen its peer's first bytes, 'c': a client that has not sent its HELLO), or 0.

@@ -24,11 +24,6 @@ struct KernelAddresses
 };
 KernelAddresses kernelAddresses(int fd);
 
-// The upgrade's exchange on a new fabric socket: sends out (if any), then reads exactly inLen
-// bytes, by deadline; 0, or -ECONNRESET when the other end closed, or -errno.
-int upgradeExchange(Socket &s, const void *out, size_t outLen, void *in, size_t inLen,
-                    int64_t deadline);
-
 // The engine's settings for the shim's fabric sockets: their connects can take a Defer
 // refusal, their listeners defer other processes' connects (Settings::upgrade).
 Settings upgradeSettings();

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 // The in-band upgrade of a kernel TCP connection to the fabric (upgrade_wire.h): the client
-// after a Defer refusal, the server on connections its listener accepted over kernel TCP. It
-// runs in the process that does the connection's first I/O, on that call, so a fork or exec
-// between accept and the first I/O moves it with the connection.
+// towards a shim listener (its beacon, or its Defer refusal), the server on connections its
+// listener accepted over kernel TCP. It starts in the process that does the connection's first
+// I/O, so a fork or exec between accept and the first I/O moves it with the connection.
 
 #include "hybrid.h"
 
@@ -11,7 +11,6 @@
 #include <cstring>
 
 #include "address.h"
-#include "clock.h"
 #include "hybrid_internal.h"
 #include "log.h"
 #include "shimaddr.h"
@@ -19,47 +18,6 @@
 #include "upgrade_wire.h"
 
 namespace rstream::shim {
-
-// Sends out (if any) and then reads exactly inLen bytes on a fabric socket, by deadline.
-int upgradeExchange(Socket &s, const void *out, size_t outLen, void *in, size_t inLen,
-                    int64_t deadline)
-{
-    size_t sent = 0, got = 0;
-    while (sent < outLen || got < inLen) {
-        if (sent < outLen) {
-            iovec iov{const_cast<char *>(static_cast<const char *>(out)) + sent, outLen - sent};
-            ssize_t r = s.send(&iov, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-            if (r > 0)
-                sent += static_cast<size_t>(r);
-            else if (r != -EAGAIN)
-                return r < 0 ? static_cast<int>(r) : -EIO;
-        } else {
-            iovec iov{static_cast<char *>(in) + got, inLen - got};
-            ssize_t r = s.recv(&iov, 1, MSG_DONTWAIT);
-            if (r > 0)
-                got += static_cast<size_t>(r);
-            else if (r == 0)
-                return -ECONNRESET; // closed: the other end did not take the connection
-            else if (r != -EAGAIN)
-                return static_cast<int>(r);
-        }
-        if (sent >= outLen && got >= inLen)
-            break;
-        const int64_t left = deadline - nowMs();
-        if (left <= 0)
-            return -ETIMEDOUT;
-        const int events = sent < outLen ? POLLOUT : POLLIN;
-        if (s.pollEvents(events))
-            continue;
-        std::vector<pollfd> fds;
-        if (s.prepareWait(&fds, events) == -EAGAIN)
-            continue;
-        const int wait = static_cast<int>(std::min<int64_t>(left, 10));
-        const timespec ts{0, wait * 1000000L};
-        sys::ppoll(fds.data(), fds.size(), &ts, nullptr);
-    }
-    return 0;
-}
 
 std::shared_ptr<HybridSocket> HybridSocket::acceptedKernel(int fd, int family, bool nonblocking,
                                                            const ShimConfig &config)

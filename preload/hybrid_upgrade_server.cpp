@@ -104,11 +104,11 @@ void HybridSocket::upgradeAddWaiter(int eventFd,
         upSock_->addWaiter(eventFd, registered);
 }
 
-bool HybridSocket::upgradeProgress()
+void HybridSocket::upgradeProgress()
 {
     std::unique_lock<std::mutex> lock(upgradeMutex_, std::try_to_lock);
     if (!lock.owns_lock())
-        return false;
+        return;
     switch (upgrade_.load()) {
     case Upgrade::Offer:
         sendOfferLocked(); // once connected: the HELLO goes before any byte of ours
@@ -123,7 +123,6 @@ bool HybridSocket::upgradeProgress()
     }
     if (late())
         lateStepLocked();
-    return false; // readiness: the kernel fd's, or latePollEvents
 }
 
 } // namespace rstream::shim
