@@ -9,16 +9,7 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need python3
 
-cat >"$work/echo.py" <<'EOF'
-import socket, sys
-srv = socket.create_server(("127.0.0.1", int(sys.argv[1])))
-while True:
-    c, _ = srv.accept()
-    with c:
-        data = c.recv(100)
-        if data:
-            c.sendall(data)
-EOF
+echo_server=$(dirname "$0")/echo_server.py
 
 # client.py PORT MODE...: per MODE (blocking or nonblocking) a connection that sends a line and
 # reads it back, or (wait:PATH) a pause until PATH exists; prints each connection's
@@ -62,7 +53,7 @@ with open("/proc/self/maps") as m:
     print("libfabric", "mapped" if "libfabric" in m.read() else "absent")
 EOF
 
-start_server plain 0 plain 60 python3 "$work/echo.py" @PORT@
+start_server plain 0 plain 60 python3 "$echo_server" 127.0.0.1 @PORT@
 out=$(shim client 30 python3 "$work/client.py" "$port" blocking nonblocking nonblocking) ||
 	fail "the client failed: $out"
 printf "    %s\n" "${out//$'\n'/$'\n    '}"
@@ -83,7 +74,7 @@ stop_pid "$server_pid" || true
 # A shimmed server: its beacon says so, the offer goes with the first bytes and the answer with
 # the server's; a short-lived client is done before any switch to the fabric, so it never loads
 # libfabric and its first reply is as quick.
-start_server shimmed 1 shim server 60 python3 "$work/echo.py" @PORT@
+start_server shimmed 1 shim server 60 python3 "$echo_server" 127.0.0.1 @PORT@
 out=$(shim client2 30 python3 "$work/client.py" "$port" blocking nonblocking) ||
 	fail "the client of the shimmed server failed: $out"
 printf "    %s\n" "${out//$'\n'/$'\n    '}"
@@ -108,7 +99,7 @@ for _ in $(seq 200); do
 done
 [ -e "$work/go.ready" ] || fail "client3 did not make its first connection"
 stop_pid "$server_pid" || true
-start plain2 plain 60 python3 "$work/echo.py" "$port"
+start plain2 plain 60 python3 "$echo_server" 127.0.0.1 "$port"
 server_pid=$last_pid
 wait_listen "$port" "$server_pid" || fail "the plain server does not listen on $port"
 touch "$work/go"

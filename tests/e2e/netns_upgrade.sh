@@ -15,60 +15,11 @@ trap 'netns_teardown; e2e_cleanup' EXIT
 netns_setup
 log "hosts $ADDR_A ($NS_A) and $ADDR_B ($NS_B)"
 
-# The echo server exits on TERM (its exit writes the shim's statistics).
-cat >"$work/echo.py" <<'EOF2'
-import signal, socket, sys, threading
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-srv = socket.create_server((sys.argv[1], int(sys.argv[2])))
-def serve(c):
-    with c:
-        while True:
-            d = c.recv(65536)
-            if not d:
-                break
-            c.sendall(d)
-while True:
-    c, _ = srv.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-EOF2
-
-# paced.py HOST PORT SECONDS: 1 MiB echoed in pieces over SECONDS, checked; the first reply's
-# milliseconds and whether libfabric got loaded.
-cat >"$work/paced.py" <<'EOF2'
-import hashlib, os, socket, sys, threading, time
-host, port, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-data = os.urandom(1 << 20)
-t0 = time.monotonic()
-s = socket.create_connection((host, port))
-s.sendall(b"ping\n")
-first = b""
-while len(first) < 5:
-    first += s.recv(5 - len(first))
-print("first reply %.1f ms" % ((time.monotonic() - t0) * 1000))
-got = []
-def reader():
-    while True:
-        b = s.recv(65536)
-        if not b:
-            break
-        got.append(b)
-t = threading.Thread(target=reader)
-t.start()
-pieces = 64
-step = len(data) // pieces
-for i in range(0, len(data), step):
-    s.sendall(data[i:i + step])
-    time.sleep(secs / pieces)
-s.shutdown(socket.SHUT_WR)
-t.join()
-ok = hashlib.md5(b"".join(got)).digest() == hashlib.md5(data).digest()
-print("echo", "intact" if ok else "DIFFERS")
-with open("/proc/self/maps") as m:
-    print("libfabric", "mapped" if "libfabric" in m.read() else "absent")
-EOF2
+echo_server=$(dirname "$0")/echo_server.py
+paced=$(dirname "$0")/paced_echo.py
 
 port=5501
-start server shim server 60 ip netns exec "$NS_A" python3 "$work/echo.py" "$ADDR_A" "$port"
+start server shim server 60 ip netns exec "$NS_A" python3 "$echo_server" "$ADDR_A" "$port"
 server_pid=$last_pid
 for _ in $(seq 100); do
 	ip netns exec "$NS_A" ss -Hltn "sport = :$((port + E2E_OFFSET))" 2>/dev/null | grep -q . &&
@@ -77,7 +28,7 @@ for _ in $(seq 100); do
 done
 ip netns exec "$NS_A" ss -Hltn "sport = :$((port + E2E_OFFSET))" | grep -q . ||
 	fail "the server's fabric listener is not up"
-out=$(shim client 60 ip netns exec "$NS_B" python3 "$work/paced.py" "$ADDR_A" "$port" 2.5) ||
+out=$(shim client 60 ip netns exec "$NS_B" python3 "$paced" "$ADDR_A" "$port" 2.5) ||
 	fail "the client failed: $out"
 printf "    %s\n" "${out//$'\n'/$'\n    '}"
 grep -qx "echo intact" <<<"$out" || fail "the echo differs"
@@ -88,10 +39,10 @@ stop_pid "$server_pid" || true
 expect_fabric server 1
 log "shimmed server on the other host: offered after its defer answer, switched, intact"
 
-start plain plain 60 ip netns exec "$NS_A" python3 "$work/echo.py" "$ADDR_A" "$port"
+start plain plain 60 ip netns exec "$NS_A" python3 "$echo_server" "$ADDR_A" "$port"
 plain_pid=$last_pid
 sleep 0.5
-out=$(shim client2 60 ip netns exec "$NS_B" python3 "$work/paced.py" "$ADDR_A" "$port" 0.1) ||
+out=$(shim client2 60 ip netns exec "$NS_B" python3 "$paced" "$ADDR_A" "$port" 0.1) ||
 	fail "the client of the plain server failed: $out"
 printf "    %s\n" "${out//$'\n'/$'\n    '}"
 grep -qx "echo intact" <<<"$out" || fail "the plain server's echo differs"

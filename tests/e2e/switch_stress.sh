@@ -9,26 +9,6 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need python3
 
-cat >"$work/echo.py" <<'EOF2'
-import signal, socket, sys, threading
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-srv = socket.create_server(("127.0.0.1", int(sys.argv[1])), backlog=128)
-def serve(c):
-    with c:
-        while True:
-            d = c.recv(65536)
-            if not d:
-                break
-            c.sendall(d)
-        try:
-            c.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-while True:
-    c, _ = srv.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-EOF2
-
 cat >"$work/stress.py" <<'EOF2'
 import hashlib, os, random, socket, sys, threading, time
 port, n, secs = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
@@ -76,7 +56,7 @@ for e in errors:
 print("errors", len(errors))
 EOF2
 
-start_server server 1 shim server 60 python3 "$work/echo.py" @PORT@
+start_server server 1 shim server 60 python3 "$(dirname "$0")/echo_server.py" 127.0.0.1 @PORT@
 out=$(shim client 90 python3 "$work/stress.py" "$port" 40 1.5) || fail "the client failed: $out"
 printf "    %s\n" "${out//$'\n'/$'\n    '}"
 grep -qx "errors 0" <<<"$out" || fail "bytes lost or out of order"
