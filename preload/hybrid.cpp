@@ -355,6 +355,8 @@ int HybridSocket::getpeername(sockaddr *addr, socklen_t *len)
 
 int HybridSocket::fionread(int *bytes)
 {
+    if (late())
+        return lateFionread(bytes);
     auto [s, m] = snapshot();
     if (m == Mode::Kernel) {
         // Still to be upgraded: the kernel's count (an upgrade message not read yet counts).
@@ -474,8 +476,12 @@ int HybridSocket::kernelPollNow(int events)
 int HybridSocket::pollEvents(int events)
 {
     settle();
-    if (upgradePending())
-        upgradeProgress();
+    if (upgradePending()) {
+        upgradeProgress(events);
+        const Upgrade u = upgrade_.load();
+        if (u == Upgrade::Maybe || u == Upgrade::Answer)
+            return firstBytesPollEvents(u, events);
+    }
     if (late())
         return latePollEvents(events);
     auto [s, m] = snapshot();
@@ -574,6 +580,8 @@ std::string HybridSocket::debugState()
 {
     std::shared_ptr<Socket> s = socket();
     std::string r = "fd=" + std::to_string(fd_) + " mode=" + std::to_string(int(mode()));
+    if (upgradePending())
+        r += " upgrade=" + std::to_string(int(upgrade_.load()));
     if (mode() == Mode::Kernel) {
         std::lock_guard<std::mutex> lock(mutex_);
         r += std::string(" fallback=") + fallbackName(fallback_);

@@ -90,8 +90,9 @@ public:
         return upgrade_.load(std::memory_order_acquire) != Upgrade::None;
     }
     // For the poller: a look that moves the upgrade on (never blocks: it only tries the
-    // upgrade's lock); readiness then comes from the kernel fd or latePollEvents.
-    void upgradeProgress();
+    // upgrade's lock); readiness then comes from the kernel fd or latePollEvents. A server
+    // polled for reading answers an offer that arrived, so that readiness means data.
+    void upgradeProgress(int events);
     void upgradeAddWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered);
     // For exec: the upgrade state worth carrying into the new program ('s': a server socket that
     // has not seen its peer's first bytes, 'c': a client that has not sent its HELLO), or 0.
@@ -180,6 +181,14 @@ private:
     bool lateFinishLocked(); // both directions on the fabric: the socket becomes a fabric one
     ssize_t lateIo(bool out, const iovec *iov, int iovcnt, int flags);
     int latePollEvents(int events);
+    // Readiness while the peer's offer (Maybe) or answer (Answer) is awaited: readable only
+    // for the application's bytes, never for the upgrade message alone.
+    int firstBytesPollEvents(Upgrade u, int events);
+    // Whether an end of the kernel connection met in state u may be the peer's switch (its
+    // count on the fabric decides), and whether the kernel connection is at its end (a peek).
+    bool lateEndMayBeSwitch(Upgrade u) const;
+    bool lateKernelAtEnd();
+    int lateFionread(int *bytes);
     int lateWaitFds(std::vector<pollfd> *fds, int events);
     int lateShutdown(int how);
     void lateAccount(); // counted when it ends before or during the switch
@@ -319,6 +328,7 @@ private:
     bool lateTargetKnown_ = false;
     bool lateShutWr_ = false;    // the application shut down writing before the switch
     bool lateFabricEnd_ = false; // the fabric connection ended before the peer's count came
+    std::atomic<bool> lateKernelEnd_{false}; // a read or peek met the kernel connection's end
     uint8_t lateBuf_[9] = {};
     size_t lateBufLen_ = 0;
     uint16_t latePort_ = 0;                     // client: the server's fabric port

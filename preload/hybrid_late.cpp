@@ -11,6 +11,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "clock.h"
 #include "fabric.h"
@@ -314,6 +317,7 @@ ssize_t HybridSocket::lateIo(bool out, const iovec *iov, int iovcnt, int flags)
         }
         if (r != 0)
             return r;
+        lateKernelEnd_.store(true, std::memory_order_release);
         // The end of the kernel connection: the real end, or the peer switched (it sent its
         // count on the fabric before shutting the kernel connection down). The state as it is
         // now: another thread may have moved the switch on while this read waited.
@@ -358,20 +362,68 @@ ssize_t HybridSocket::lateIo(bool out, const iovec *iov, int iovcnt, int flags)
     }
 }
 
+bool HybridSocket::lateEndMayBeSwitch(Upgrade u) const
+{
+    // The client's token went out, or the server claimed it: the peer may have switched, and
+    // only its count (on the fabric) tells the switch from the end of the stream.
+    return u == Upgrade::LateToken ||
+           (u == Upgrade::LateSwitch && !lateTargetKnown_ && !lateFabricEnd_);
+}
+
+bool HybridSocket::lateKernelAtEnd()
+{
+    if (lateKernelEnd_.load(std::memory_order_acquire))
+        return true;
+    uint8_t byte;
+    if (peekKernel(&byte, 1, false) != 0)
+        return false; // data (or nothing yet, or an error the read reports)
+    lateKernelEnd_.store(true, std::memory_order_release);
+    return true;
+}
+
 int HybridSocket::latePollEvents(int events)
 {
-    if (upgrade_.load() != Upgrade::LateSwitch)
-        return kernelPollNow(events);
-    int rev = 0;
-    if (events & POLLOUT)
-        rev |= upSock_->pollEvents(POLLOUT) & (POLLOUT | POLLERR | POLLHUP);
-    if (events & POLLIN) {
-        if (lateTargetKnown_ && lateRead_ >= lateTarget_)
-            rev |= upSock_->pollEvents(POLLIN) & (POLLIN | POLLRDHUP | POLLERR | POLLHUP);
-        else
-            rev |= kernelPollNow(POLLIN) & POLLIN; // data, or the end that brings the count
+    const Upgrade u = upgrade_.load();
+    const int mask = events | POLLERR | POLLHUP;
+    if (u == Upgrade::LateSwitch && lateTargetKnown_ && lateRead_ >= lateTarget_)
+        return upSock_->pollEvents(events) & mask; // the kernel part is read: the fabric alone
+    // Readable means a read does not say EAGAIN (programs such as wrk take that for an error):
+    // the end of the kernel connection that may be the peer's switch is not readable until the
+    // count says what it is (the count's arrival on the fabric wakes the poller).
+    int rev = kernelPollNow(events | POLLRDHUP);
+    if (u == Upgrade::LateSwitch) {
+        // We have shut down our kernel side (POLLHUP) and write on the fabric.
+        rev &= POLLIN | POLLRDHUP | POLLERR;
+        if (events & POLLOUT)
+            rev |= upSock_->pollEvents(POLLOUT) & (POLLOUT | POLLERR | POLLHUP);
     }
-    return rev;
+    if ((rev & (POLLRDHUP | POLLHUP)) && lateEndMayBeSwitch(u)) {
+        rev &= ~(POLLRDHUP | POLLHUP);
+        if (lateKernelAtEnd())
+            rev &= ~POLLIN;
+    }
+    return rev & mask;
+}
+
+int HybridSocket::lateFionread(int *bytes)
+{
+    // Without the read lock, as a poll looks: a blocking read may hold it.
+    const Upgrade u = upgrade_.load();
+    const bool known = u == Upgrade::LateSwitch && lateTargetKnown_;
+    int kernel = 0;
+    if ((!known || lateRead_ < lateTarget_) && ::syscall(SYS_ioctl, fd_, FIONREAD, &kernel) < 0)
+        return -errno;
+    if (!known) {
+        *bytes = kernel;
+        return 0;
+    }
+    // What is left of the peer's kernel bytes, then (once they are read) the fabric's.
+    const uint64_t left = lateTarget_ - std::min(lateRead_, lateTarget_);
+    if (left) {
+        *bytes = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(kernel), left));
+        return 0;
+    }
+    return upSock_->readable(bytes);
 }
 
 int HybridSocket::lateWaitFds(std::vector<pollfd> *fds, int events)
@@ -398,10 +450,15 @@ int HybridSocket::lateWaitFds(std::vector<pollfd> *fds, int events)
         fds->push_back({fd_, static_cast<short>(events), 0});
         r = upSock_->prepareWait(fds, POLLOUT);
         break;
-    case Upgrade::LateToken:
-        fds->push_back({fd_, static_cast<short>(events), 0});
+    case Upgrade::LateToken: {
+        // A kernel end already met waits for the count on the fabric, not on the kernel fd
+        // (which would stay readable and spin the poller).
+        const int kev = lateKernelEnd_.load() ? (events & ~POLLIN) : events;
+        if (kev)
+            fds->push_back({fd_, static_cast<short>(kev), 0});
         r = upSock_->prepareWait(fds, POLLIN);
         break;
+    }
     case Upgrade::LateServer:
         fds->push_back({fd_, static_cast<short>(events), 0});
         if (pendingUl_)
@@ -412,7 +469,8 @@ int HybridSocket::lateWaitFds(std::vector<pollfd> *fds, int events)
     case Upgrade::LateSwitch:
         if (!lateTargetKnown_ || (events & POLLOUT) || lateRead_ >= lateTarget_)
             r = upSock_->prepareWait(fds, static_cast<int>(events | POLLIN));
-        if (!lateTargetKnown_ || lateRead_ < lateTarget_)
+        if ((!lateTargetKnown_ || lateRead_ < lateTarget_) &&
+            !(lateKernelEnd_.load() && lateEndMayBeSwitch(u)))
             fds->push_back({fd_, POLLIN, 0});
         break;
     default:

@@ -104,12 +104,18 @@ void HybridSocket::upgradeAddWaiter(int eventFd,
         upSock_->addWaiter(eventFd, registered);
 }
 
-void HybridSocket::upgradeProgress()
+void HybridSocket::upgradeProgress(int events)
 {
     std::unique_lock<std::mutex> lock(upgradeMutex_, std::try_to_lock);
     if (!lock.owns_lock())
         return;
     switch (upgrade_.load()) {
+    case Upgrade::Maybe:
+        // A HELLO alone would make the fd readable with nothing for the read: answer it now
+        // (the process that polls a connection for reading is the one that reads it).
+        if (events & POLLIN)
+            serverUpgradeLocked(false);
+        break;
     case Upgrade::Offer:
         sendOfferLocked(); // once connected: the HELLO goes before any byte of ours
         if (upgrade_.load() == Upgrade::Answer)
@@ -123,6 +129,20 @@ void HybridSocket::upgradeProgress()
     }
     if (late())
         lateStepLocked();
+}
+
+int HybridSocket::firstBytesPollEvents(Upgrade u, int events)
+{
+    const int rev = kernelPollNow(events);
+    if (!(events & POLLIN) || !(rev & POLLIN))
+        return rev;
+    // Bytes came in since the look above: the peer's offer or answer, which the read would take
+    // and then say EAGAIN if nothing follows. Look again; readable only once they are taken.
+    upgradeProgress(events);
+    if (upgrade_.load() != u)
+        return pollEvents(events);
+    // Still not all of it here (or another thread is at it): readable when the rest comes.
+    return (rev & (POLLERR | POLLHUP)) ? rev : (rev & ~POLLIN);
 }
 
 } // namespace rstream::shim
