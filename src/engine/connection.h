@@ -136,6 +136,8 @@ public:
     // a close or shutdown(SHUT_WR), or kCorkMaxNs, as Linux holds partial frames. A send with
     // kMore holds its data the same way until a send without it.
     void setCork(bool on);
+    // SO_SNDBUF / SO_RCVBUF on the connected socket: the send or receive ring stops growing.
+    void fixBufferSizes(bool send, bool recv);
     static constexpr int64_t kCorkMaxNs = 200'000'000;
 
     // SO_KEEPALIVE with TCP_KEEPIDLE, TCP_KEEPINTVL and TCP_KEEPCNT in one call: once nothing
@@ -259,9 +261,9 @@ private:
     // (a riowrite must follow it).
     void flushLocked(bool force, bool uncork = false);
     // Ring growth. Receiver: asks the peer to move to a bigger ring when it ran out of credit
-    // while the application reads in bulk. Sender: the send ring grows, once empty, when it is
-    // what holds the application back.
-    void maybeGrowRecvLocked();
+    // while the application reads in bulk, or (full) when the ring is full of unread bytes.
+    // Sender: the send ring grows, once empty, when it is what holds the application back.
+    void maybeGrowRecvLocked(bool full = false);
     void onSwitchLocked();
     void onGrowLocked(uint32_t log2);
     void maybeGrowSendLocked();

@@ -9,14 +9,15 @@
 
 namespace rstream {
 
-void Connection::maybeGrowRecvLocked()
+void Connection::maybeGrowRecvLocked(bool full)
 {
     // When to ask is RingGrowth's; the ring after this one follows it in the receive area.
     const int64_t now = nowNs();
     const uint64_t next = static_cast<uint64_t>(recvBase_ - recvArea_) + rx_.size;
     const bool held = rxOld_.size || closing_ || peerShutWr_ || shutRd_;
     const auto log2 =
-        growth_.recvGrowLog2(now, rx_.size, next, recvReserve_, settings_.recvBufMax, held);
+        full ? growth_.recvFullGrowLog2(rx_.size, next, recvReserve_, settings_.recvBufMax, held)
+             : growth_.recvGrowLog2(now, rx_.size, next, recvReserve_, settings_.recvBufMax, held);
     if (!log2)
         return;
     auto word = wire::encodeGrow(*log2);
@@ -50,6 +51,12 @@ void Connection::onGrowLocked(uint32_t log2)
     // One at a time, and only ever bigger.
     if (!growth_.onPeerGrow(log2, peer_.ringSize()))
         failLocked(-ECONNRESET, "malformed GROW from peer");
+}
+
+void Connection::fixBufferSizes(bool send, bool recv)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    growth_.fix(send, recv);
 }
 
 void Connection::maybeGrowSendLocked()

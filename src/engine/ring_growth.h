@@ -29,6 +29,17 @@ public:
     }
     // Only a peer that answers GROW with SWITCH is asked to follow a growing ring.
     void disableRecv() { recv_ = false; }
+    // SO_SNDBUF or SO_RCVBUF set on the connection: that ring keeps its size from now on, as
+    // Linux stops autotuning a buffer whose size was set (a GROW already sent still completes).
+    void fix(bool send, bool recv)
+    {
+        if (send) {
+            send_ = false;
+            sendWanted_ = false;
+        }
+        if (recv)
+            recv_ = false;
+    }
     bool recvEnabled() const { return recv_; }
     bool sendEnabled() const { return send_; }
 
@@ -63,7 +74,24 @@ public:
             return std::nullopt;
         return log2;
     }
-    // The GROW recvGrowLog2() asked for went out at now.
+    // Whether to ask the peer to move to a bigger ring because this one is full of unread bytes
+    // (the peer's writes wait for room, and a program that writes before it reads would wait
+    // for good): the largest ring up to max that fits, at once, as the kernel's buffers take
+    // megabytes before a writer blocks. Same arguments as recvGrowLog2().
+    std::optional<uint32_t> recvFullGrowLog2(uint64_t ringSize, uint64_t end, uint64_t reserve,
+                                             uint64_t max, bool held) const
+    {
+        if (!recv_ || growSent_ || held || end > reserve)
+            return std::nullopt;
+        const uint64_t fit = std::min(max, reserve - end);
+        if (fit < 2)
+            return std::nullopt;
+        const uint32_t log2 = 63 - __builtin_clzll(fit);
+        if ((uint64_t(1) << log2) <= ringSize)
+            return std::nullopt;
+        return log2;
+    }
+    // The GROW recvGrowLog2() or recvFullGrowLog2() asked for went out at now.
     void onGrowSent(uint32_t log2, int64_t now)
     {
         growSent_ = true;

@@ -239,6 +239,11 @@ void Connection::handleWordLocked(uint32_t word, const uint8_t *record)
             // Discarded, as the kernel does after SHUT_RD, so the peer is not blocked.
             rx_.consumed = rx_.written;
             local_.onConsumed(m->len);
+        } else if (rx_.readable() >= rx_.size && growth_.recvEnabled()) {
+            // Full and unread: the peer waits for room the application may only make after it
+            // has written (request before reply, both ends writing first). The kernel would
+            // have buffered on; a bigger ring lets the peer go on.
+            maybeGrowRecvLocked(true);
         }
         break;
     }

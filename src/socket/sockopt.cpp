@@ -158,12 +158,18 @@ const Socket::Option *Socket::findOption(int level, int name)
 {
     // Endpoint settings apply to the next endpoint: -EINVAL once there is one.
     static constexpr auto before = [](const Socket &s) { return s.state_ == State::Fresh; };
+    // Before the connection: the ring's size (applySettings); on a connection: its ring keeps
+    // the size it has.
     static constexpr auto setSndBuf = [](Socket &s, const Value &v) {
         s.sndBufReq_ = std::max(v.i, 1);
+        if (s.conn_)
+            s.conn_->fixBufferSizes(true, false);
         return 0;
     };
     static constexpr auto setRcvBuf = [](Socket &s, const Value &v) {
         s.rcvBufReq_ = std::max(v.i, 1);
+        if (s.conn_)
+            s.conn_->fixBufferSizes(false, true);
         return 0;
     };
     static constexpr auto setQueue = [](Socket &s, uint32_t Settings::*queue, int v) {

@@ -84,6 +84,45 @@ TEST(RingGrowth, HeldOrTooBigDoesNotAsk)
     EXPECT_EQ(uint64_t(1) << *log2, kMax);
 }
 
+TEST(RingGrowth, FullRingAsksForTheLargestThatFitsAtOnce)
+{
+    RingGrowth g;
+    // Not enabled (the peer does not follow GROW): never.
+    EXPECT_FALSE(g.recvFullGrowLog2(kRing, kRing, kReserve, kMax, false));
+    g.enable(true, false);
+    // No reading needed: a full ring asks for the maximum at once.
+    auto log2 = g.recvFullGrowLog2(kRing, kRing, kReserve, kMax, false);
+    ASSERT_TRUE(log2);
+    EXPECT_EQ(uint64_t(1) << *log2, kMax);
+    // Held (an older ring unread, the stream ending) or a GROW unanswered: not now.
+    EXPECT_FALSE(g.recvFullGrowLog2(kRing, kRing, kReserve, kMax, true));
+    g.onGrowSent(*log2, 0);
+    EXPECT_FALSE(g.recvFullGrowLog2(kRing, kRing, kReserve, kMax, false));
+    EXPECT_EQ(g.onSwitch(), kMax);
+    // The reserve left bounds it; already at the maximum, or no room for more: none.
+    log2 = g.recvFullGrowLog2(kRing, kRing + kMax + kMax / 2, kReserve, kMax, false);
+    ASSERT_TRUE(log2);
+    EXPECT_EQ(uint64_t(1) << *log2, kMax / 2);
+    EXPECT_FALSE(g.recvFullGrowLog2(kMax, kRing + kMax, kReserve, kMax, false));
+    EXPECT_FALSE(g.recvFullGrowLog2(kRing, kReserve, kReserve, kMax, false));
+    EXPECT_FALSE(g.recvFullGrowLog2(kRing, kReserve + 1, kReserve, kMax, false));
+}
+
+TEST(RingGrowth, FixedSizesStopGrowth)
+{
+    RingGrowth g;
+    g.enable(true, true);
+    g.fix(false, true); // SO_RCVBUF: neither a bulk reader nor a full ring asks any more
+    EXPECT_FALSE(g.onConsumed(100 * kRing, kRing));
+    EXPECT_FALSE(g.recvFullGrowLog2(kRing, kRing, kReserve, kMax, false));
+    EXPECT_TRUE(g.sendEnabled());
+    // A send ring that wanted to grow keeps its size once SO_SNDBUF is set.
+    EXPECT_TRUE(g.onSendSpace(0, 100, kRing, kReserve, 4 * kRing));
+    g.fix(true, false);
+    EXPECT_FALSE(g.onSendSpace(0, 100, kRing, kReserve, 4 * kRing));
+    EXPECT_EQ(g.sendGrowth(true, kRing, kReserve), 0u);
+}
+
 TEST(RingGrowth, SwitchWithoutGrowIsRefused)
 {
     RingGrowth g;
