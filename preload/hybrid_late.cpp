@@ -126,6 +126,11 @@ void HybridSocket::lateStepLocked()
             lateGiveUpLocked(strerror(-st));
             return;
         }
+        // LateToken before the token goes out: once the server has it, the end of the kernel
+        // connection may come at any moment, and a reader (another thread, in a kernel read
+        // since before) must take it for a possible switch, not for the end of the stream.
+        lateBufLen_ = 0;
+        upgrade_.store(Upgrade::LateToken, std::memory_order_release);
         uint8_t token[wire::kUpgradeTokenSize];
         wire::encodeToken(pendingToken_, token);
         iovec iov{token, sizeof(token)};
@@ -134,8 +139,6 @@ void HybridSocket::lateStepLocked()
             lateGiveUpLocked("the token could not be sent");
             return;
         }
-        lateBufLen_ = 0;
-        upgrade_.store(Upgrade::LateToken, std::memory_order_release);
         RS_LOG_FD(Debug, fd_, "switch: fabric connection up, token sent");
         [[fallthrough]];
     }
