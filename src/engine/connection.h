@@ -79,6 +79,9 @@ public:
     // Bytes received, 0 at EOF, or -errno.
     ssize_t recv(void *buf, size_t len, int flags = 0, int timeoutMs = -1);
     ssize_t recvv(const iovec *iov, int iovcnt, int flags = 0, int timeoutMs = -1);
+    // Tests only: called by recv() between choosing the bytes it copies and copying them, when
+    // set, so that a test can make another thread's work (a RESET) land in between.
+    static inline std::atomic<void (*)(Connection *)> testBeforeRecvCopy{nullptr};
 
     // riomap(3): makes [buf, buf + len) a window the peer can riowrite() into, at the riowrite
     // offset `offset`, or, with offset -1, at one chosen here (the buffer's address when free).
@@ -358,6 +361,7 @@ private:
     // 0: none), a GROW awaiting its SWITCH. Sender: the peer's GROW awaiting our SWITCH.
     RecvRing rxOld_;
     uint8_t *rxOldBase_ = nullptr;
+    bool rxCopying_ = false; // recv() copies out of the rings without the lock (see recvv)
     RingGrowth growth_;
     PeerCredits peer_;
     LocalCredits local_;

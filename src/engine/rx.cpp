@@ -59,6 +59,10 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
             // MSG_PEEK with MSG_WAITALL waits until the whole length can be peeked.
             if ((flags & kPeek) && (flags & kWaitAll) && state > 0 && uint64_t(state) < total)
                 n = 0, state = -EAGAIN;
+            // The old ring's pages stay while the copy below reads them, even if a RESET on
+            // another thread discards its bytes meanwhile: the reader gets the bytes the peer
+            // sent, never the zeros of pages handed back.
+            rxCopying_ = n > 0;
         }
         if (total == 0)
             return state < 0 && state != -EAGAIN ? state : 0;
@@ -74,14 +78,21 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
                 return copied ? static_cast<ssize_t>(copied) : -EAGAIN;
             continue;
         }
+        if (auto hook = testBeforeRecvCopy.load(std::memory_order_relaxed))
+            hook(this);
         for (size_t i = 0, done = 0; i < 2; done += spans[i].len, i++)
             if (spans[i].len)
                 copyRing(spans[i].base, spans[i].size, spans[i].off, iov, iovcnt, copied + done,
                          spans[i].len, false);
-        if (flags & kPeek)
+        if (flags & kPeek) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            rxCopying_ = false;
+            consumeLocked(0); // an old ring discarded during the copy goes now
             return static_cast<ssize_t>(n);
+        }
         {
             std::lock_guard<std::mutex> lock(mutex_);
+            rxCopying_ = false;
             consumeLocked(n);
             sendCreditsLocked();
             watch();
@@ -303,7 +314,7 @@ void Connection::consumeLocked(uint64_t n)
     // (Never past what was written: a reset may have discarded the bytes meanwhile.)
     uint64_t old = std::min(n, rxOld_.readable());
     rxOld_.consumed += old;
-    if (rxOld_.size && rxOld_.readable() == 0) {
+    if (rxOld_.size && rxOld_.readable() == 0 && !rxCopying_) {
         // The old ring is done with: give its pages back (the peer writes the new one).
         madvise(rxOldBase_, rxOld_.size, MADV_DONTNEED);
         rxOld_ = RecvRing{};
