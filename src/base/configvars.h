@@ -87,6 +87,16 @@ constexpr const ConfigVar *find(std::string_view name)
     return nullptr;
 }
 
+// Whether the table holds name. For compile-time checks: GCC's UBSan instrumentation
+// (-fsanitize=null) keeps find(name) != nullptr from being a constant expression.
+constexpr bool known(std::string_view name)
+{
+    for (const ConfigVar &v : kConfigVars)
+        if (name == v.name)
+            return true;
+    return false;
+}
+
 // Parses text as var's kind and range into *out (Flag: 0 or 1; Level: 0..4); -EINVAL when
 // malformed or out of range, -ENOENT when empty or for Text. Logs nothing, allocates nothing.
 int parse(const ConfigVar &var, const char *text, int64_t *out);

@@ -38,7 +38,7 @@ std::atomic<int> gLogFdReady{-1};
 // Read under gInitMutex, before the level is known: through the registry's calls that never
 // log (a line logged from here would wait for that mutex). Both are in its table, so getString
 // has no internal error to log either.
-static_assert(config::find("RSTREAM_LOG") && config::find("RSTREAM_LOG_FILE"));
+static_assert(config::known("RSTREAM_LOG") && config::known("RSTREAM_LOG_FILE"));
 static_assert(config::find("RSTREAM_LOG")->kind == config::Kind::Level);
 
 // The level RSTREAM_LOG names; *bad when it names none (warn is used).

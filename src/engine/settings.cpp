@@ -45,8 +45,7 @@ namespace {
 // The registry (src/base/configvars.h) holds the ranges; these are the engine's own limits.
 constexpr bool inRange(const char *name, int64_t min, int64_t max)
 {
-    const config::ConfigVar *v = config::find(name);
-    return v && v->min == min && v->max == max;
+    return config::known(name) && config::find(name)->min == min && config::find(name)->max == max;
 }
 static_assert(inRange("RSTREAM_TX_SIZE", Settings::kMinQueue, Settings::kMaxQueue));
 static_assert(inRange("RSTREAM_RX_SIZE", Settings::kMinQueue, Settings::kMaxQueue));
