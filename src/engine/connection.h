@@ -279,6 +279,8 @@ private:
     void failLocked(int err, const char *why);
     void disconnectLocked(wire::Ctrl how);
     bool needsBackgroundLocked() const;
+    // The background work left is data that waits for the peer's credit, and nothing else.
+    bool waitsForPeerLocked() const;
     ssize_t peekRecvLocked() const;
     ssize_t peekSendLocked() const;
     void watch();

@@ -341,10 +341,12 @@ void ProgressThread::run()
                     watched_.pop_back();
                     continue;
                 }
-                // A connection the application is working on is left to it for now.
-                if (more == ProgressClient::kProgressMore)
+                // A connection the application is working on is left to it for now; one that
+                // waits for its peer wakes the thread through its wait fd alone.
+                if (more == ProgressClient::kProgressMore || more == ProgressClient::kProgressIdle)
                     fds.push_back({c->waitFd(), POLLIN, 0});
-                busy = true;
+                if (more != ProgressClient::kProgressIdle)
+                    busy = true;
                 i++;
             }
             if (passiveOpen)

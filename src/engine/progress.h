@@ -37,12 +37,16 @@ public:
     {
         kProgressDone = 0,
         kProgressMore = 1,
-        kProgressBusy = 2
+        kProgressBusy = 2,
+        // Work remains that only the peer can move (data waiting for its credit, nothing in
+        // flight): the thread sleeps on the client's wait fd, armed, instead of polling it.
+        kProgressIdle = 3
     };
     virtual ~ProgressClient() = default;
     // Makes progress if nobody else is: kProgressDone when no work remains that needs the
-    // thread, kProgressMore while some does, kProgressBusy when the application holds the client
-    // or drives its progress itself. closedDone: a closing client may be destroyed.
+    // thread, kProgressMore while some does, kProgressIdle while it waits for the peer,
+    // kProgressBusy when the application holds the client or drives its progress itself.
+    // closedDone: a closing client may be destroyed.
     virtual int backgroundProgress(bool *closedDone) = 0;
     // Deadlines: the next one (0: none). *watch: the client now has background work.
     virtual int64_t timerTick(int64_t nowNs, bool *watch) = 0;

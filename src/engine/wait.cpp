@@ -278,6 +278,14 @@ bool Connection::needsBackgroundLocked() const
            kaAckOwed_ || !windows_.recordsEmpty();
 }
 
+bool Connection::waitsForPeerLocked() const
+{
+    return state_ == State::Connected && !error_ && !closed_ && !closing_ && tx_.unsent() > 0 &&
+           !peer_.canSendData() && tx_.inFlight() == 0 && txOps_.empty() &&
+           !txOps_.injectPending() && !local_.due() && !kaAckOwed_ && windows_.recordsEmpty() &&
+           !(shutWr_ && !shutWrSent_);
+}
+
 void Connection::watch()
 {
     if (!watched_ && needsBackgroundLocked()) {
@@ -323,7 +331,14 @@ int Connection::backgroundProgress(bool *closedDone)
     }
     if (needsBackgroundLocked()) {
         // A thread asleep in waitFor() wakes on the wait fd itself; the timer is only a bound.
-        return appSleeping_.load(std::memory_order_relaxed) > 0 ? kProgressBusy : kProgressMore;
+        if (appSleeping_.load(std::memory_order_relaxed) > 0)
+            return kProgressBusy;
+        // Only the peer's credit can move what is left, and nothing is in flight that the
+        // provider might need pushing: sleep until a word arrives (a peer that withholds
+        // credit must not keep the thread polling, for this and every other connection).
+        if (waitsForPeerLocked() && armLocked() == 0)
+            return kProgressIdle;
+        return kProgressMore;
     }
     watched_ = false;
     (void)armLocked(); // resets the wait fd's signal: the passive set need not look at it
