@@ -150,6 +150,10 @@ public:
     // 7200/75/9, as on Linux); -EINVAL when out of Linux's ranges (1..32767, 1..32767, 1..127).
     // May be called before connect(); the timer starts once connected.
     int setKeepalive(bool on, int idleSec = 0, int intervalSec = 0, int count = 0);
+    // TCP_USER_TIMEOUT: the connection fails with ETIMEDOUT once data it holds has waited this
+    // long without the peer taking any of it (no credit, no completion), as Linux does when a
+    // zero window lasts; 0 (the default) waits for as long as the peer lives.
+    void setUserTimeout(unsigned ms);
     void keepalive(bool *on, int *idleSec, int *intervalSec, int *count) const;
 
     // What TCP_INFO reports.
@@ -292,6 +296,7 @@ private:
     // skipped (on tcp, a CQ poll is a system call).
     int waitFor(int events, int64_t deadlineNs, bool progressed = false);
     int64_t keepaliveLocked(int64_t now);
+    int64_t userTimeoutLocked(int64_t now); // the next look (0: none)
     int checkCmDataSize();
 
     Settings settings_;
@@ -355,7 +360,10 @@ private:
     bool passive_ = false; // in the progress thread's passive set
 
     KeepaliveTimer ka_;
-    bool kaAckOwed_ = false; // the peer probed; KEEPALIVE_ACK not sent yet
+    int64_t userTimeoutNs_ = 0;
+    int64_t stallSinceNs_ = 0; // when data was first seen waiting with no progress since
+    uint64_t stallEvents_ = 0; // txEvents_ then
+    bool kaAckOwed_ = false;   // the peer probed; KEEPALIVE_ACK not sent yet
 
     SendRing tx_;
     RecvRing rx_;

@@ -234,6 +234,8 @@ void Connection::processEqLocked()
                 ProgressThread::instance().addPassive(this, waitFd_);
                 if (ka_.on())
                     ProgressThread::instance().schedule(this, ka_.start(nowNs()));
+                if (userTimeoutNs_)
+                    ProgressThread::instance().schedule(this, nowNs());
             }
         } else if (event == FI_SHUTDOWN) {
             // Everything the peer sent before it went is already in the CQ.

@@ -64,6 +64,34 @@ int64_t Connection::keepaliveLocked(int64_t now)
     return next;
 }
 
+void Connection::setUserTimeout(unsigned ms)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    userTimeoutNs_ = static_cast<int64_t>(ms) * 1000000;
+    stallSinceNs_ = 0;
+    if (ms && state_ == State::Connected && !error_)
+        ProgressThread::instance().schedule(this, nowNs());
+}
+
+int64_t Connection::userTimeoutLocked(int64_t now)
+{
+    if (!userTimeoutNs_ || state_ != State::Connected || error_ || closed_)
+        return 0;
+    // Progress is any credit or completion (txEvents_); a keepalive from a peer that keeps its
+    // credit is none. Data the cork holds waits for us, not for the peer.
+    const uint64_t events = txEvents_.load(std::memory_order_relaxed);
+    const bool waiting = (tx_.unsent() > 0 && !corkHeld_) || tx_.inFlight() > 0;
+    if (!waiting || events != stallEvents_) {
+        stallSinceNs_ = waiting ? now : 0;
+        stallEvents_ = events;
+    } else if (now - stallSinceNs_ >= userTimeoutNs_) {
+        failLocked(-ETIMEDOUT, "TCP_USER_TIMEOUT: the peer took no data for that long");
+        return 0;
+    }
+    // Looked at a few times per timeout: it fires between the timeout and 1.25 times it.
+    return now + std::clamp<int64_t>(userTimeoutNs_ / 4, 10000000, 1000000000);
+}
+
 int64_t Connection::timerTick(int64_t now, bool *watch)
 {
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
@@ -71,6 +99,8 @@ int64_t Connection::timerTick(int64_t now, bool *watch)
         return now + 1000000; // the application is in a call: look again shortly
     progressLocked();
     int64_t next = keepaliveLocked(now);
+    if (const int64_t ut = userTimeoutLocked(now); ut && (!next || ut < next))
+        next = ut;
     // Data still held for the cork (the flush found no credit at its deadline, or it came early).
     if (corkHeld_ && corkSinceNs_ && (!next || corkSinceNs_ + kCorkMaxNs < next))
         next = std::max(now + 1000000, corkSinceNs_ + kCorkMaxNs);

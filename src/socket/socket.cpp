@@ -189,6 +189,7 @@ int Socket::accept(std::shared_ptr<Socket> *out, sockaddr *addr, socklen_t *len)
     s->state_ = State::Connected;
     s->applyKeepaliveLocked();
     s->applyCorkLocked();
+    s->applyUserTimeoutLocked();
     if (addr && len) {
         sockaddr_storage peer{};
         socklen_t plen = sizeof(peer);
@@ -277,6 +278,7 @@ int Socket::connect(const sockaddr *addr, socklen_t len)
         conn_ = c;
         applyKeepaliveLocked();
         applyCorkLocked();
+        applyUserTimeoutLocked();
         setStateLocked(ret == 0 ? State::Connected : State::Connecting);
         connectPending_ = ret == -EINPROGRESS && nonblocking();
         if (state_ == State::Connected || nonblocking())

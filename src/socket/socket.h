@@ -149,6 +149,7 @@ private:
     void applyKeepaliveLocked();
     // TCP_CORK, as set, to the connection.
     void applyCorkLocked();
+    void applyUserTimeoutLocked();
     void setStateLocked(State s)
     {
         state_ = s;

@@ -294,7 +294,14 @@ const Socket::Option *Socket::findOption(int level, int name)
              return 0;
          }},
         {IPPROTO_TCP, TCP_QUICKACK, Kind::Kept},
-        {IPPROTO_TCP, TCP_USER_TIMEOUT, Kind::Kept},
+        {IPPROTO_TCP, TCP_USER_TIMEOUT, Kind::Kept,
+         [](Socket &s, const Value &v) {
+             if (v.i < 0)
+                 return -EINVAL; // as Linux
+             s.generic_[{IPPROTO_TCP, TCP_USER_TIMEOUT}] = v.i;
+             s.applyUserTimeoutLocked();
+             return 0;
+         }},
         {IPPROTO_TCP, TCP_DEFER_ACCEPT, Kind::Kept},
         {IPPROTO_TCP, TCP_NOTSENT_LOWAT, Kind::Kept},
         {IPPROTO_TCP, TCP_FASTOPEN, Kind::Kept},
@@ -504,6 +511,13 @@ void Socket::applyCorkLocked()
     auto it = generic_.find({IPPROTO_TCP, TCP_CORK});
     if (conn_ && it != generic_.end())
         conn_->setCork(it->second != 0);
+}
+
+void Socket::applyUserTimeoutLocked()
+{
+    auto it = generic_.find({IPPROTO_TCP, TCP_USER_TIMEOUT});
+    if (conn_ && it != generic_.end())
+        conn_->setUserTimeout(static_cast<unsigned>(it->second));
 }
 
 void Socket::inheritOptionsLocked(Socket *s) const

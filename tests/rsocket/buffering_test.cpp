@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <thread>
 #include <vector>
@@ -123,6 +125,38 @@ TEST_P(Buffering, ExplicitBufferSizesBoundIt)
     std::vector<uint8_t> got;
     ASSERT_TRUE(readExactly(b, s, &got, sent));
     EXPECT_TRUE(std::equal(got.begin(), got.end(), data.begin()));
+}
+
+// A peer that lives but never reads: a blocked send waits for as long as it lives, unless
+// TCP_USER_TIMEOUT bounds it; then the send ends and the connection fails with ETIMEDOUT (Linux
+// counts a zero window that lasts as data not taken).
+TEST_P(Buffering, UserTimeoutEndsASendThePeerNeverTakes)
+{
+    auto [c, s] = connectedPair();
+    ASSERT_GE(s, 0);
+    EXPECT_EQ(setInt(c, IPPROTO_TCP, TCP_USER_TIMEOUT, -1), -1);
+    EXPECT_EQ(errno, EINVAL);
+    ASSERT_EQ(setInt(c, IPPROTO_TCP, TCP_USER_TIMEOUT, 300), 0);
+    EXPECT_EQ(getInt(c, IPPROTO_TCP, TCP_USER_TIMEOUT), 300);
+    // A bound for the test itself: without the user timeout a send would wait for good.
+    timeval guard{10, 0};
+    ASSERT_EQ(b->setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &guard, sizeof(guard)), 0);
+    const auto data = bytes(64 * 1024, 6);
+    const auto t0 = std::chrono::steady_clock::now();
+    ssize_t r = 0;
+    int err = 0;
+    // Blocking sends until one fails: the buffers fill, then the peer takes nothing.
+    while (msSince(t0) < 60000) {
+        r = b->send(c, data.data(), data.size(), MSG_NOSIGNAL);
+        if (r < 0) {
+            err = errno;
+            break;
+        }
+    }
+    ASSERT_LT(r, 0) << "sends never failed";
+    EXPECT_EQ(err, ETIMEDOUT);
+    EXPECT_EQ(getInt(c, SOL_SOCKET, SO_ERROR), 0) << "the error was reported by the send";
+    RecordProperty("ms_to_etimedout", std::to_string(msSince(t0)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Buffering, ::testing::ValuesIn(kBackends), paramName);
