@@ -772,10 +772,31 @@ TEST_P(EngineTest, PeerBreakingTheProtocolIsReset)
         {"GROW to a ring no bigger", {*wire::encodeGrow(12)}},
         {"GROW beyond 256 MiB", {(2u << wire::kOpShift) | (29u << 8) | 6u}},
         {"DATA beyond the ring", {*wire::encodeData(64 * 1024)}},
+        {"DATA of no bytes", {0u}},
+        {"DATA after SHUT_WR", {wire::encodeCtrl(wire::Ctrl::ShutWr), *wire::encodeData(1)}},
+        {"DATA of 2^29 - 1 bytes", {*wire::encodeData(wire::kMaxDataLen)}},
         {"CREDIT for nothing sent", {*wire::encodeCredit(0, 1)}},
+        {"CREDIT of slots never used", {*wire::encodeCredit(wire::kMaxSlots, 0)}},
+        {"CREDIT of nothing", {1u << wire::kOpShift}},
+        {"CTRL code 0", {2u << wire::kOpShift}},
+        {"CTRL code past the last", {(2u << wire::kOpShift) | 8u}},
+        {"CTRL with an argument it has none for",
+         {(2u << wire::kOpShift) | (1u << 8) | uint32_t(wire::Ctrl::ShutWr)}},
+        {"CTRL with high bits set", {(2u << wire::kOpShift) | (1u << 20) | 4u}},
+        {"a second GROW before SWITCH", {*wire::encodeGrow(16), *wire::encodeGrow(18)}},
+        {"GROW below 1 KiB", {(2u << wire::kOpShift) | (9u << 8) | 6u}},
+        {"IOMAP without its record", {*wire::encodeIoMap(0)}},
+        {"IOMAP of a window past the table", {(3u << wire::kOpShift) | wire::kMaxIoMaps}},
         {"an unknown op", {7u << wire::kOpShift}},
+        {"op 4", {4u << wire::kOpShift}},
     };
     auto l = listen(settings());
+    // A well-behaved connection through the same listener lives through all of it.
+    std::unique_ptr<Connection> good;
+    std::thread acceptGood([&] { EXPECT_EQ(l->accept(&good, false, 5000), 0); });
+    auto goodClient = connect(settings());
+    acceptGood.join();
+    ASSERT_TRUE(good && goodClient);
     for (const Case &c : cases) {
         SCOPED_TRACE(c.what);
         std::unique_ptr<Connection> accepted;
@@ -795,6 +816,14 @@ TEST_P(EngineTest, PeerBreakingTheProtocolIsReset)
         EXPECT_EQ(accepted->recv(&ch, 1, 0, 5000), -ECONNRESET);
         EXPECT_EQ(accepted->send("x", 1), -ECONNRESET);
     }
+    std::vector<uint8_t> out(100000), in(out.size());
+    for (size_t i = 0; i < out.size(); i++)
+        out[i] = static_cast<uint8_t>(i * 13);
+    std::thread writer(
+        [&] { EXPECT_EQ(goodClient->send(out.data(), out.size()), ssize_t(out.size())); });
+    EXPECT_EQ(good->recv(in.data(), in.size(), kWaitAll, 5000), ssize_t(in.size()));
+    writer.join();
+    EXPECT_TRUE(in == out);
 }
 
 TEST(EngineSettings, OutOfRangeValuesAreRejected)
