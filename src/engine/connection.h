@@ -285,6 +285,8 @@ private:
     bool needsBackgroundLocked() const;
     // The background work left is data that waits for the peer's credit, and nothing else.
     bool waitsForPeerLocked() const;
+    // The progress thread's arm: what is pending is taken (sleepers woken) until it holds.
+    int rearmLocked();
     ssize_t peekRecvLocked() const;
     ssize_t peekSendLocked() const;
     void watch();

@@ -97,7 +97,7 @@ int64_t Connection::timerTick(int64_t now, bool *watch)
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock())
         return now + 1000000; // the application is in a call: look again shortly
-    progressLocked();
+    progressLocked(false);
     int64_t next = keepaliveLocked(now);
     if (const int64_t ut = userTimeoutLocked(now); ut && (!next || ut < next))
         next = ut;
@@ -117,10 +117,10 @@ bool Connection::passiveProgress(bool *watch)
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock())
         return true; // the application is making progress itself
-    progressLocked();
+    progressLocked(false);
     // Resets the wait set's signal when nothing is pending, or the fd would stay readable and
     // bring the connection back every round. Sleepers were woken by progressLocked() already.
-    (void)armLocked();
+    (void)rearmLocked();
     if (!watched_ && needsBackgroundLocked()) {
         watched_ = true;
         *watch = true;

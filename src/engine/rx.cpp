@@ -110,9 +110,11 @@ void Connection::progressLocked(bool app)
     if (app)
         appProgressNs_.store(nowNs(), std::memory_order_relaxed);
     // Once connected the EQ only reports the endpoint going away, and reading it costs the tcp
-    // provider a progress pass (a system call) of its own: look at it on every kEqInterval-th
-    // call only. waitFor() reads it before sleeping, and fi_trywait() covers it.
-    if (state_ != State::Connected || ++eqSkips_ >= kEqInterval) {
+    // provider a progress pass (a system call) of its own: the application's calls look at it
+    // on every kEqInterval-th call only (waitFor() reads it before sleeping, and fi_trywait()
+    // covers it). The progress thread always does: it may have taken the wait fd's signal that
+    // the endpoint went away, and then nobody else would look (a poller slept on).
+    if (state_ != State::Connected || !app || ++eqSkips_ >= kEqInterval) {
         eqSkips_ = 0;
         processEqLocked();
     }

@@ -156,6 +156,22 @@ int Connection::armLocked()
     return ret ? fiErr(ret) : 0;
 }
 
+int Connection::rearmLocked()
+{
+    // What the wait fd signalled may have been queued only by the look that took the signal
+    // (the CQ's read drives the provider, which reports the endpoint going away on the EQ,
+    // read before it): take it now and wake the sleepers, or pollers would sleep on.
+    for (int i = 0; i < 4; i++) {
+        const int r = armLocked();
+        if (r != -EAGAIN)
+            return r;
+        processEqLocked();
+        processCqLocked();
+        wakeSleepersLocked();
+    }
+    return -EAGAIN;
+}
+
 int Connection::arm()
 {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -336,12 +352,12 @@ int Connection::backgroundProgress(bool *closedDone)
         // Only the peer's credit can move what is left, and nothing is in flight that the
         // provider might need pushing: sleep until a word arrives (a peer that withholds
         // credit must not keep the thread polling, for this and every other connection).
-        if (waitsForPeerLocked() && armLocked() == 0)
+        if (waitsForPeerLocked() && rearmLocked() == 0)
             return kProgressIdle;
         return kProgressMore;
     }
     watched_ = false;
-    (void)armLocked(); // resets the wait fd's signal: the passive set need not look at it
+    (void)rearmLocked(); // resets the wait fd's signal: the passive set need not look at it
     return kProgressDone;
 }
 

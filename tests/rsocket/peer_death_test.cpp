@@ -1,0 +1,209 @@
+// SPDX-License-Identifier: MIT
+// A peer process killed (SIGKILL) while this one is blocked on the connection, in recv, send,
+// poll and epoll_wait: the call returns within a few seconds with what kernel TCP gives (EOF or
+// an error, readiness), and other connections keep working. The peer is this binary run again
+// with --peer, so that it starts its own fabric afresh.
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <sys/epoll.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "harness.h"
+
+using namespace rstest;
+
+namespace {
+
+// The peer: connects to PORT with backend NAME and then never reads nor writes (its buffers
+// fill when this side sends), until it is killed.
+int runPeer(const char *backend, int port)
+{
+    const Backend *b = std::string(backend) == "kernel" ? &kKernel : &kRsocket;
+    int fd = b->socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a = loopback4(static_cast<uint16_t>(port));
+    if (fd < 0 || b->connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) != 0)
+        return 1;
+    for (;;)
+        pause();
+}
+
+enum class Blocked
+{
+    Recv,
+    Send,
+    Poll,
+    Epoll
+};
+
+class PeerDeath : public BackendTest
+{
+protected:
+    // Starts the peer, accepts its connection: the descriptor, or -1.
+    int acceptPeer()
+    {
+        uint16_t port = 0;
+        int lfd = newListener(AF_INET, &port);
+        if (lfd < 0)
+            return -1;
+        pid_ = fork();
+        if (pid_ == 0) {
+            const std::string p = std::to_string(port);
+            execl("/proc/self/exe", "peer_death_test", "--peer", b->name, p.c_str(), nullptr);
+            _exit(127);
+        }
+        pollfd p{lfd, POLLIN, 0};
+        if (b->poll(&p, 1, 10000) != 1)
+            return -1;
+        return own(b->accept(lfd, nullptr, nullptr));
+    }
+
+    void killPeer()
+    {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, nullptr, 0);
+        pid_ = -1;
+    }
+
+    void TearDown() override
+    {
+        if (pid_ > 0)
+            killPeer();
+        BackendTest::TearDown();
+    }
+
+    // The call blocked on fd when the peer dies: its result and errno (or events), and how long
+    // it took after the kill.
+    void blockedWhenThePeerDies(Blocked what)
+    {
+        int fd = acceptPeer();
+        ASSERT_GE(fd, 0);
+        std::vector<uint8_t> buf(256 * 1024, 0x5a);
+        if (what == Blocked::Send) {
+            // Fill what the buffers take, so that the next send blocks.
+            size_t total = 0;
+            while (total < (64u << 20)) {
+                const ssize_t n = b->send(fd, buf.data(), buf.size(), MSG_DONTWAIT);
+                if (n > 0) {
+                    total += static_cast<size_t>(n);
+                    continue;
+                }
+                pollfd p{fd, POLLOUT, 0};
+                if (b->poll(&p, 1, 300) == 0)
+                    break;
+            }
+        }
+        std::atomic<bool> done{false};
+        long result = 0;
+        int err = 0;
+        std::thread t([&] {
+            switch (what) {
+            case Blocked::Recv:
+                result = b->recv(fd, buf.data(), buf.size(), 0);
+                break;
+            case Blocked::Send:
+                result = b->send(fd, buf.data(), buf.size(), MSG_NOSIGNAL);
+                break;
+            case Blocked::Poll: {
+                pollfd p{fd, POLLIN, 0};
+                result = b->poll(&p, 1, 20000) == 1 ? p.revents : -1;
+                break;
+            }
+            case Blocked::Epoll: {
+                int ep = b->epoll_create();
+                epoll_event ev{};
+                ev.events = EPOLLIN | EPOLLRDHUP;
+                b->epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+                epoll_event out{};
+                result = b->epoll_wait(ep, &out, 1, 20000) == 1 ? out.events : -1;
+                b->close(ep);
+                break;
+            }
+            }
+            err = errno;
+            done = true;
+        });
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        EXPECT_FALSE(done.load()) << "the call did not block";
+        const auto t0 = std::chrono::steady_clock::now();
+        killPeer();
+        t.join();
+        const int64_t ms = msSince(t0);
+        RecordProperty("ms_after_kill", std::to_string(ms));
+        EXPECT_LT(ms, 5000);
+        switch (what) {
+        case Blocked::Recv:
+            // EOF, or a reset (the peer had not read everything, or its end went away abruptly).
+            EXPECT_TRUE(result == 0 || (result == -1 && err == ECONNRESET))
+                << result << " " << strerror(err);
+            break;
+        case Blocked::Send:
+            // An error, or (as Linux does) the bytes that went before it, then the error.
+            if (result > 0) {
+                result = b->send(fd, buf.data(), buf.size(), MSG_NOSIGNAL);
+                err = errno;
+            }
+            EXPECT_TRUE(result == -1 && (err == EPIPE || err == ECONNRESET))
+                << result << " " << strerror(err);
+            break;
+        case Blocked::Poll:
+            EXPECT_TRUE(result > 0 && (result & (POLLIN | POLLHUP | POLLERR))) << result;
+            break;
+        case Blocked::Epoll:
+            EXPECT_TRUE(result > 0 && (result & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)))
+                << result;
+            break;
+        }
+        // The descriptor reports the end from now on, and another connection works.
+        EXPECT_LE(b->recv(fd, buf.data(), 1, MSG_DONTWAIT), 0);
+        auto [c2, s2] = connectedPair();
+        ASSERT_GE(s2, 0);
+        ASSERT_EQ(b->send(c2, "ok", 2, 0), 2);
+        char got[2];
+        EXPECT_EQ(b->recv(s2, got, 2, MSG_WAITALL), 2);
+    }
+
+    pid_t pid_ = -1;
+};
+
+TEST_P(PeerDeath, BlockedInRecv)
+{
+    blockedWhenThePeerDies(Blocked::Recv);
+}
+
+TEST_P(PeerDeath, BlockedInSend)
+{
+    blockedWhenThePeerDies(Blocked::Send);
+}
+
+TEST_P(PeerDeath, BlockedInPoll)
+{
+    blockedWhenThePeerDies(Blocked::Poll);
+}
+
+TEST_P(PeerDeath, BlockedInEpollWait)
+{
+    blockedWhenThePeerDies(Blocked::Epoll);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, PeerDeath, ::testing::ValuesIn(kBackends), paramName);
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+    if (argc == 4 && std::string(argv[1]) == "--peer")
+        return runPeer(argv[2], std::atoi(argv[3]));
+    ::testing::InitGoogleTest(&argc, argv);
+    return RUN_ALL_TESTS();
+}
