@@ -71,7 +71,6 @@ void afterForkChild()
     // the child's: it starts over and creates its own export on its first connection.
     gGeneration.fetch_add(1, std::memory_order_relaxed);
     Registry &r = Registry::instance();
-    new (&r.mutex) std::mutex();
     if (Header *h = r.header.load(std::memory_order_relaxed)) {
         // The parent's records that live on in the child point into the shared mapping: it
         // becomes private zeroed memory, so that nothing of the child reaches the parent's file.
@@ -97,6 +96,9 @@ void afterForkChild()
     s.kernelListeners.store(0);
     for (auto &f : s.fallbacks)
         f.store(0);
+    // Taken before the fork by this same thread: unlocked, not constructed anew over the held
+    // lock (which TSan, and any checking mutex, still sees held).
+    r.mutex.unlock();
 }
 
 } // namespace

@@ -36,12 +36,14 @@ std::atomic<uint32_t> gNonce{0};
 void forgetDomainsInChild()
 {
     gNonce.store(0, std::memory_order_relaxed);
-    new (&gDomainsMutex) std::mutex();
     // Leaked on purpose: destroying the entries would close nothing, but keep it obvious.
     new std::map<std::string, std::weak_ptr<Domain>>(std::move(gDomains));
     new std::map<std::string, fid_fabric *>(std::move(gFabrics));
     gDomains.clear();
     gFabrics.clear();
+    // Taken before the fork by this same thread: unlocked, not constructed anew over the held
+    // lock (which TSan, and any checking mutex, still sees held).
+    gDomainsMutex.unlock();
 }
 
 [[maybe_unused]] const int gForkHandlers = pthread_atfork(
