@@ -14,7 +14,7 @@ namespace rstream {
 
 int Connection::setup(const fi_info *info)
 {
-    int ret = domain_ ? 0 : Domain::get(info, settings_.strict, &domain_);
+    int ret = domain_ ? 0 : Domain::get(info, settings_.strict, &domain_, true);
     if (ret < 0)
         return ret;
     const ProviderCaps &caps = domain_->caps();

@@ -228,12 +228,20 @@ Domain::~Domain()
         fi_close(&domain_->fid);
 }
 
-int Domain::get(const fi_info *info, bool strict, std::shared_ptr<Domain> *out)
+bool Domain::privateFor(const fi_info *info, bool strict)
+{
+    const uint64_t mr = info->domain_attr->mr_mode;
+    const bool provKey = (mr & FI_MR_PROV_KEY) || (mr & FI_MR_BASIC) || strict;
+    return provKey && !(mr & FI_MR_ENDPOINT);
+}
+
+int Domain::get(const fi_info *info, bool strict, std::shared_ptr<Domain> *out, bool forConnection)
 {
     std::string key = std::string(info->fabric_attr->prov_name) + "/" + info->fabric_attr->name +
                       "/" + info->domain_attr->name + (strict ? "/strict" : "");
+    const bool own = forConnection && privateFor(info, strict);
     std::lock_guard<std::mutex> lock(gDomainsMutex);
-    if (auto d = gDomains[key].lock()) {
+    if (auto d = own ? nullptr : gDomains[key].lock()) {
         *out = d;
         return 0;
     }
@@ -275,7 +283,8 @@ int Domain::get(const fi_info *info, bool strict, std::shared_ptr<Domain> *out)
            "cq_data=%zu inject=%zu tx=%u rx=%u iwarp=%d",
            key.c_str(), c.mrLocal, c.virtAddr, c.provKey, c.mrEndpoint, c.rxCqData, c.cqDataSize,
            c.injectSize, c.maxTx, c.maxRx, c.iwarp);
-    gDomains[key] = d;
+    if (!own)
+        gDomains[key] = d;
     *out = d;
     return 0;
 }

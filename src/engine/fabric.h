@@ -41,8 +41,14 @@ public:
     fid_domain *domain() const { return domain_; }
     const ProviderCaps &caps() const { return caps_; }
 
-    // Finds or opens the domain that info names.
-    static int get(const fi_info *info, bool strict, std::shared_ptr<Domain> *out);
+    // Finds or opens the domain that info names. A connection's endpoint gets a domain of its
+    // own where remote keys would otherwise be valid across connections (forConnection and
+    // privateFor()): with FI_MR_PROV_KEY and without FI_MR_ENDPOINT (verbs, strict mode), a key
+    // is the provider's choice and valid from every endpoint of the protection domain, and
+    // mlx5's keys are an index plus an 8-bit counter: a peer could guess another connection's.
+    static int get(const fi_info *info, bool strict, std::shared_ptr<Domain> *out,
+                   bool forConnection = false);
+    static bool privateFor(const fi_info *info, bool strict);
 
 private:
     fid_fabric *fabric_ = nullptr;

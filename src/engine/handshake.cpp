@@ -262,7 +262,7 @@ int Connection::startAccept(fi_info *connreq, const wire::Hello &peer, bool *rej
 int Connection::acceptLocked(fi_info *connreq, const wire::Hello &peer)
 {
     info_ = connreq;
-    int ret = Domain::get(connreq, settings_.strict, &domain_);
+    int ret = Domain::get(connreq, settings_.strict, &domain_, true);
     if (ret < 0)
         return ret;
     // What the peer asks for is checked before the endpoint exists, so that it can be refused.

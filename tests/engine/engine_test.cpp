@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_endpoint.h>
+#include <rdma/fi_rma.h>
 #include <string>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -573,6 +574,10 @@ public:
     {
         alignas(fi_eq_cm_entry) uint8_t buf[sizeof(fi_eq_cm_entry) + 256];
         ssize_t r = fi_eq_sread(eq_, ev, buf, sizeof(buf), 5000, 0);
+        // The accepting side's hello: where its receive ring is, and under which key.
+        if (r > ssize_t(sizeof(fi_eq_cm_entry)) && *ev == FI_CONNECTED)
+            wire::decodeHello(reinterpret_cast<fi_eq_cm_entry *>(buf)->data,
+                              size_t(r) - sizeof(fi_eq_cm_entry), &accepted_);
         if (r == -FI_EAVAIL) {
             fi_eq_err_entry e{};
             fi_eq_readerr(eq_, &e, 0);
@@ -616,6 +621,36 @@ public:
         ASSERT_EQ(r, 0);
     }
 
+    // What the accepting side's hello said.
+    const wire::Hello &accepted() const { return accepted_; }
+
+    // An RMA write of len bytes to addr under key, as a peer that guessed them would send it;
+    // waits (2 s at most) for its completion: 0, or the provider's error.
+    int write(uint64_t addr, uint64_t key, const void *data, size_t len)
+    {
+        ssize_t r;
+        do {
+            r = fi_write(ep_, data, len, nullptr, 0, addr, key, nullptr);
+            progress();
+        } while (r == -FI_EAGAIN);
+        if (r)
+            return static_cast<int>(r);
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+        while (std::chrono::steady_clock::now() < until) {
+            fi_cq_data_entry e;
+            const ssize_t n = fi_cq_read(cq_, &e, 1);
+            if (n == 1)
+                return 0;
+            if (n == -FI_EAVAIL) {
+                fi_cq_err_entry err{};
+                fi_cq_readerr(cq_, &err, 0);
+                return -err.err;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        return -FI_ETIMEDOUT;
+    }
+
     // Manual progress for what was sent.
     void progress()
     {
@@ -631,6 +666,7 @@ private:
     fid_cq *cq_ = nullptr;
     fid_ep *ep_ = nullptr;
     uint32_t words_[16] = {};
+    wire::Hello accepted_;
     uint8_t msg_[64] = {};
     bool iwarp_ = false;
 };
@@ -758,6 +794,42 @@ TEST_P(EngineTest, PeerWithBadWindowRecordsIsReset)
     EXPECT_EQ(c->send("x", 1), 1);
     char x;
     EXPECT_EQ(accepted->recv(&x, 1, 0, 5000), 1);
+}
+
+// Where the provider chooses remote keys and they are valid across the protection domain
+// (verbs; strict mode here), each connection's endpoint has a domain of its own: a peer that
+// guesses another connection's ring address and key cannot write into it.
+TEST_P(EngineTest, AnotherConnectionsKeyWritesNothing)
+{
+    if (!GetParam().strict)
+        GTEST_SKIP() << "random 64-bit requested keys: no key to guess";
+    auto l = listen(settings());
+    std::unique_ptr<Connection> a1, a2;
+    RawPeer p1, p2;
+    std::thread s1([&] { EXPECT_EQ(l->accept(&a1, false, 5000), 0); });
+    p1.connect(port_, true, GetParam().iwarp, 4096);
+    s1.join();
+    std::thread s2([&] { EXPECT_EQ(l->accept(&a2, false, 5000), 0); });
+    p2.connect(port_, true, GetParam().iwarp, 4096);
+    s2.join();
+    ASSERT_TRUE(a1 && a2);
+    // (In domains of their own both rings may have the same key: it means nothing elsewhere.)
+    const wire::Hello &victim = p2.accepted();
+    ASSERT_NE(victim.ringAddr, p1.accepted().ringAddr);
+    // p1 writes where p2's ring is, under p2's key; a1's side takes it in (or refuses it).
+    std::vector<uint8_t> evil(64, 0xee);
+    const int w = p1.write(victim.ringAddr, victim.ringKey, evil.data(), evil.size());
+    RecordProperty("guessed_write", std::to_string(w));
+    for (int i = 0; i < 50; i++) {
+        a1->peekRecv();
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    // p2 announces 64 bytes at the start of its ring without writing them: a2 reads what is
+    // there, the ring's fresh zeros unless p1's write landed.
+    p2.send(*wire::encodeData(64));
+    std::vector<uint8_t> got(64, 0x11);
+    ASSERT_EQ(a2->recv(got.data(), got.size(), kWaitAll, 5000), 64);
+    EXPECT_EQ(got, std::vector<uint8_t>(64, 0)) << "a guessed key wrote into another connection";
 }
 
 TEST_P(EngineTest, PeerBreakingTheProtocolIsReset)
