@@ -10,6 +10,13 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need nginx curl ab
 
+# What kind of failures ab counted (connect, receive, length, exceptions), and what the workers
+# logged above notice level: the failure says what went wrong.
+ab_failures() {
+	grep -A1 '^Failed requests' "$1" | tr -s ' \n' ' '
+	grep -vE '\[(notice|info)\]' "$work/nginx/error.log" 2>/dev/null | tail -n 5 || true
+}
+
 mkdir -p "$work/nginx/html"
 head -c 4096 /dev/urandom | base64 -w 0 >"$work/nginx/html/index.html"
 start_nginx "worker_processes 2;"
@@ -34,7 +41,7 @@ shim ab 60 ab -q -n 2000 -c 50 "http://127.0.0.1:$port/" >"$work/ab.log" 2>&1 ||
 grep -E 'Failed requests|Complete requests|Requests per second|Time taken' "$work/ab.log" |
 	sed 's/^/    /'
 grep -qE '^Complete requests: +2000$' "$work/ab.log" || fail "ab: not 2000 complete requests"
-grep -qE '^Failed requests: +0$' "$work/ab.log" || fail "ab: failed requests"
+grep -qE '^Failed requests: +0$' "$work/ab.log" || fail "ab: $(ab_failures "$work/ab.log")"
 expect_no_fallback ab
 
 # Keep-alive connections, each serving many requests for 3 s: every one switches to the fabric
@@ -42,7 +49,7 @@ expect_no_fallback ab
 shim abk 60 ab -q -k -t 3 -n 10000000 -c 10 "http://127.0.0.1:$port/" >"$work/abk.log" 2>&1 ||
 	fail "ab -k exited with an error"
 grep -qE '^Complete requests: +[1-9][0-9]{4,}$' "$work/abk.log" || fail "ab -k: few requests"
-grep -qE '^Failed requests: +0$' "$work/abk.log" || fail "ab -k: failed requests"
+grep -qE '^Failed requests: +0$' "$work/abk.log" || fail "ab -k: $(ab_failures "$work/abk.log")"
 expect_fabric abk 10
 
 # The workers (the master serves none): the keep-alive connections, switched.
