@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
-// A peer process killed (SIGKILL) while this one is blocked on the connection, in recv, send,
-// poll and epoll_wait: the call returns within a few seconds with what kernel TCP gives (EOF or
-// an error, readiness), and other connections keep working. The peer is this binary run again
-// with --peer, so that it starts its own fabric afresh.
+// A peer process killed (SIGKILL) while this one is blocked on the connection, in connect, recv,
+// send, poll and epoll_wait: the call returns within a few seconds with what kernel TCP gives
+// (EOF or an error, readiness), and other connections keep working. The peer is this binary run
+// again with --peer or --listen, so that it starts its own fabric afresh.
 
 #include <atomic>
 #include <cerrno>
@@ -33,6 +33,27 @@ int runPeer(const char *backend, int port)
     int fd = b->socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a = loopback4(static_cast<uint16_t>(port));
     if (fd < 0 || b->connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) != 0)
+        return 1;
+    for (;;)
+        pause();
+}
+
+// The peer as a server: listens on an ephemeral port, writes it (2 bytes) to fd out, and never
+// accepts, until it is killed.
+int runListener(const char *backend, int out)
+{
+    const Backend *b = std::string(backend) == "kernel" ? &kKernel : &kRsocket;
+    int fd = b->socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a = loopback4(0);
+    if (fd < 0 || b->bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) != 0 ||
+        b->listen(fd, 8) != 0)
+        return 1;
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    if (b->getsockname(fd, reinterpret_cast<sockaddr *>(&ss), &len) != 0)
+        return 1;
+    const uint16_t port = portOf(ss);
+    if (write(out, &port, sizeof(port)) != sizeof(port))
         return 1;
     for (;;)
         pause();
@@ -176,6 +197,54 @@ protected:
     pid_t pid_ = -1;
 };
 
+// The server process dies while this side connects to it (its listener never accepts): the
+// connect ends within a few seconds, and a connection it made reports the end.
+TEST_P(PeerDeath, ConnectingWhenTheServerDies)
+{
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    pid_ = fork();
+    if (pid_ == 0) {
+        close(fds[0]);
+        const std::string out = std::to_string(fds[1]);
+        execl("/proc/self/exe", "peer_death_test", "--listen", b->name, out.c_str(), nullptr);
+        _exit(127);
+    }
+    close(fds[1]);
+    uint16_t port = 0;
+    pollfd pp{fds[0], POLLIN, 0};
+    ASSERT_EQ(::poll(&pp, 1, 10000), 1);
+    ASSERT_EQ(read(fds[0], &port, sizeof(port)), ssize_t(sizeof(port)));
+    close(fds[0]);
+    int c = newSocket();
+    std::atomic<bool> done{false};
+    int r = 0, err = 0;
+    std::thread t([&] {
+        sockaddr_in a = loopback4(port);
+        r = b->connect(c, reinterpret_cast<sockaddr *>(&a), sizeof(a));
+        err = errno;
+        done = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto t0 = std::chrono::steady_clock::now();
+    killPeer();
+    t.join();
+    EXPECT_LT(msSince(t0), 5000);
+    if (r == 0) {
+        // Connected before the end (as kernel TCP does, from the listen queue): the end comes
+        // with the next read.
+        char ch;
+        timeval tv{5, 0};
+        ASSERT_EQ(b->setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+        const auto t1 = std::chrono::steady_clock::now();
+        const ssize_t n = b->recv(c, &ch, 1, 0);
+        EXPECT_TRUE(n == 0 || (n == -1 && errno == ECONNRESET)) << n << " " << strerror(errno);
+        EXPECT_LT(msSince(t1), 5000);
+    } else {
+        EXPECT_TRUE(err == ECONNREFUSED || err == ECONNRESET || err == ETIMEDOUT) << strerror(err);
+    }
+}
+
 TEST_P(PeerDeath, BlockedInRecv)
 {
     blockedWhenThePeerDies(Blocked::Recv);
@@ -204,6 +273,8 @@ int main(int argc, char **argv)
 {
     if (argc == 4 && std::string(argv[1]) == "--peer")
         return runPeer(argv[2], std::atoi(argv[3]));
+    if (argc == 4 && std::string(argv[1]) == "--listen")
+        return runListener(argv[2], std::atoi(argv[3]));
     ::testing::InitGoogleTest(&argc, argv);
     return RUN_ALL_TESTS();
 }
