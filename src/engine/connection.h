@@ -285,7 +285,9 @@ private:
     bool needsBackgroundLocked() const;
     // The background work left is data that waits for the peer's credit, and nothing else.
     bool waitsForPeerLocked() const;
-    // The progress thread's arm: what is pending is taken (sleepers woken) until it holds.
+    // Takes what is pending that the last look did not (true: it changed something, and the
+    // sleepers were woken); the progress thread's arm, which takes it until the arm holds.
+    bool takePendingLocked();
     int rearmLocked();
     ssize_t peekRecvLocked() const;
     ssize_t peekSendLocked() const;

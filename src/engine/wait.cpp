@@ -156,18 +156,29 @@ int Connection::armLocked()
     return ret ? fiErr(ret) : 0;
 }
 
+bool Connection::takePendingLocked()
+{
+    // Something is pending that the last look did not take: the EQ is read only now and then
+    // while connected, and the CQ's read drives the provider, which may report the endpoint going
+    // away on the EQ read before it. Takes it all; sleepers are woken if it changed anything.
+    changed_ = false;
+    processEqLocked();
+    processCqLocked();
+    if (!changed_)
+        return false;
+    wakeSleepersLocked();
+    return true;
+}
+
 int Connection::rearmLocked()
 {
-    // What the wait fd signalled may have been queued only by the look that took the signal
-    // (the CQ's read drives the provider, which reports the endpoint going away on the EQ,
-    // read before it): take it now and wake the sleepers, or pollers would sleep on.
+    // The progress thread's arm: it may have taken the wait fd's signal for what only the look
+    // after it queued, so it takes that before it sleeps, or pollers would sleep on.
     for (int i = 0; i < 4; i++) {
         const int r = armLocked();
         if (r != -EAGAIN)
             return r;
-        processEqLocked();
-        processCqLocked();
-        wakeSleepersLocked();
+        takePendingLocked();
     }
     return -EAGAIN;
 }
@@ -180,16 +191,8 @@ int Connection::arm()
     int ret = armLocked();
     if (ret != -EAGAIN)
         return ret;
-    // Something is pending that the last look did not take (the EQ is read only now and then
-    // while connected): take it all, and let the caller look again if it changed anything.
-    changed_ = false;
-    processEqLocked();
-    processCqLocked();
-    if (changed_) {
-        wakeSleepersLocked();
-        return -EAGAIN;
-    }
-    return armLocked();
+    // The caller looks again if what was pending changed anything.
+    return takePendingLocked() ? -EAGAIN : armLocked();
 }
 
 void Connection::addWaiter(int eventFd)
