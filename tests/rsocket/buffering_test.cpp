@@ -65,17 +65,23 @@ bool readExactly(const Backend *b, int fd, std::vector<uint8_t> *out, size_t n)
     return true;
 }
 
+// size bytes written with nobody reading must all be taken, then read back in order.
+void writtenUnreadThenRead(const Backend *b, int c, int s, size_t size, uint8_t seed)
+{
+    const auto data = bytes(size, seed);
+    ASSERT_EQ(writeUnread(b, c, data, 2000), data.size()) << "the buffers took less";
+    std::vector<uint8_t> got;
+    ASSERT_TRUE(readExactly(b, s, &got, data.size()));
+    EXPECT_TRUE(got == data);
+}
+
 // One thread writes a 100 KB request and only then reads its answer (the peer reads only after
 // the whole request was written).
 TEST_P(Buffering, RequestWrittenBeforeTheReaderReads)
 {
     auto [c, s] = connectedPair();
     ASSERT_GE(s, 0);
-    const auto req = bytes(100 * 1024, 1);
-    ASSERT_EQ(writeUnread(b, c, req, 2000), req.size()) << "the buffers took less than 100 KB";
-    std::vector<uint8_t> got;
-    ASSERT_TRUE(readExactly(b, s, &got, req.size()));
-    EXPECT_TRUE(got == req);
+    writtenUnreadThenRead(b, c, s, 100 * 1024, 1);
 }
 
 // Both peers write 100 KB first, then read what the other wrote: with too little buffering both
@@ -103,11 +109,7 @@ TEST_P(Buffering, HalfAMegabyteUnread)
 {
     auto [c, s] = connectedPair();
     ASSERT_GE(s, 0);
-    const auto data = bytes(512 * 1024, 4);
-    ASSERT_EQ(writeUnread(b, c, data, 2000), data.size());
-    std::vector<uint8_t> got;
-    ASSERT_TRUE(readExactly(b, s, &got, data.size()));
-    EXPECT_TRUE(got == data);
+    writtenUnreadThenRead(b, c, s, 512 * 1024, 4);
 }
 
 // An explicit SO_RCVBUF and SO_SNDBUF bound the buffering, as the kernel's do: the writer is

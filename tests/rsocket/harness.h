@@ -156,6 +156,17 @@ protected:
         return {c, s};
     }
 
+    // A fresh connected pair carries a few bytes: what a failure elsewhere must leave working.
+    void expectNewPairWorks()
+    {
+        auto [c, s] = connectedPair();
+        ASSERT_GE(s, 0);
+        ASSERT_EQ(b->send(c, "ok", 2, 0), 2);
+        char got[2];
+        EXPECT_EQ(b->recv(s, got, 2, MSG_WAITALL), 2);
+        EXPECT_EQ(memcmp(got, "ok", 2), 0);
+    }
+
     // poll of one descriptor: its revents, or -1 when poll itself fails, 0 on timeout.
     int pollOne(int fd, short events, int timeoutMs)
     {

@@ -187,11 +187,7 @@ protected:
         }
         // The descriptor reports the end from now on, and another connection works.
         EXPECT_LE(b->recv(fd, buf.data(), 1, MSG_DONTWAIT), 0);
-        auto [c2, s2] = connectedPair();
-        ASSERT_GE(s2, 0);
-        ASSERT_EQ(b->send(c2, "ok", 2, 0), 2);
-        char got[2];
-        EXPECT_EQ(b->recv(s2, got, 2, MSG_WAITALL), 2);
+        expectNewPairWorks();
     }
 
     pid_t pid_ = -1;
