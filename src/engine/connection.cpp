@@ -51,6 +51,7 @@ Connection::~Connection()
     for (const LocalWindow &w : windows_.local())
         if (w.mr)
             fi_close(&w.mr->fid);
+    nextMr_.reset();
     remoteMr_.reset();
     localMr_.reset();
     cq_.reset();
@@ -123,9 +124,10 @@ void Connection::close(std::unique_ptr<Connection> conn)
     if (!conn)
         return;
     {
-        std::lock_guard<std::mutex> lock(conn->mutex_);
-        // The application may free its windows once it has closed the socket.
-        conn->releaseWindowsLocked();
+        std::unique_lock<std::mutex> lock(conn->mutex_);
+        // The application may free its windows once it has closed the socket, and the
+        // connection lives on to deliver what was sent: the peer answers their withdrawal.
+        conn->releaseWindowsLocked(lock);
         conn->progressLocked();
         if ((conn->state_ != State::Connected && conn->state_ != State::Accepting) ||
             conn->error_ || conn->closed_)
@@ -155,8 +157,9 @@ void Connection::abort(std::unique_ptr<Connection> conn)
 {
     if (!conn)
         return;
+    // The windows' regions are closed by the destructor, after the endpoint: no write lands in
+    // them once this returns.
     std::lock_guard<std::mutex> lock(conn->mutex_);
-    conn->releaseWindowsLocked();
     if (conn->state_ == State::Connected && !conn->error_ && !conn->closed_) {
         conn->sendWordLocked(wire::encodeCtrl(wire::Ctrl::Reset));
         conn->processCqLocked();

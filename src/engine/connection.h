@@ -90,9 +90,11 @@ public:
     // arguments or an offset range overlapping another window, -ENOMEM when the peer's table
     // (its ioMapSize) is full, -ENOTCONN before the connection is established.
     int mapWindow(void *buf, size_t len, bool remote, off_t offset, off_t *chosen);
-    // riounmap(3): the mapping of exactly buf and len goes at once (the memory is the
-    // application's again when this returns); the peer is told in the stream. -EINVAL when
-    // there is no such mapping.
+    // riounmap(3): the mapping of exactly buf and len goes; the memory is the application's
+    // again when this returns: a window the peer knows is withdrawn in the stream, and this
+    // waits for the peer's UNMAPPED (ordered behind every write it made into the window), or
+    // resets the connection after settings().unmapTimeoutMs. -EINVAL when there is no such
+    // mapping.
     int unmapWindow(void *buf, size_t len);
     // riowrite(3): writes len bytes into the peer's window covering [offset, offset + len),
     // after all stream data sent before. Bytes written (all of them unless kNonBlock or a
@@ -243,7 +245,10 @@ private:
     int setup(const fi_info *info);
     int openEndpoint(fi_info *info);
     int registerMemory();
-    int registerRegion(void *buf, size_t len, uint64_t access, fid_mr **mr);
+    // Under *wantKey when given (one try), else a random key or the provider's.
+    int registerRegion(void *buf, size_t len, uint64_t access, fid_mr **mr,
+                       const uint64_t *wantKey = nullptr);
+    uint64_t keyOfSize(uint64_t key) const; // cut to the domain's key size
     int postReceive(uint32_t index);
     // Answers a connection request; takes connreq. On failure, *rejectable tells whether the
     // request is still the caller's to fi_reject (else the endpoint took it, and dropping the
@@ -260,9 +265,17 @@ private:
     // record: the IOMAP record that came with the word, null if none.
     void handleWordLocked(uint32_t word, const uint8_t *record = nullptr);
     void handleIoMapLocked(uint32_t id, const uint8_t *record);
+    void onUnmappedLocked();
     bool flushRecordsLocked();
     bool canWriteWindowLocked() const;
-    void releaseWindowsLocked();
+    // The peer may write into our windows: it knows them and the endpoint is up.
+    bool peerMayWriteLocked() const;
+    // Waits (unlocking) until the withdrawals queued so far are answered, the connection is
+    // down, or unmapTimeoutMs passed (then it is reset): no write of the peer's lands in a
+    // withdrawn window afterwards.
+    void awaitWithdrawalsLocked(std::unique_lock<std::mutex> &lock);
+    // Withdraws every window of ours and waits as above, then closes their regions.
+    void releaseWindowsLocked(std::unique_lock<std::mutex> &lock);
     void onTxCompleteLocked(TxOp *op);
     // force: nothing waits to coalesce behind writes in flight. uncork: corked data goes too
     // (a riowrite must follow it).
@@ -311,7 +324,8 @@ private:
     FidPtr<fid_eq> eq_;
     FidPtr<fid_cq> cq_;
     FidPtr<fid_mr> localMr_;
-    FidPtr<fid_mr> remoteMr_;
+    FidPtr<fid_mr> remoteMr_; // the receive ring in use
+    FidPtr<fid_mr> nextMr_;   // the ring a GROW announced, until the peer's SWITCH
     FidPtr<fid_ep> ep_;
     int waitFd_ = -1;
     void *localDesc_ = nullptr;
@@ -380,7 +394,7 @@ private:
     PeerCredits peer_;
     LocalCredits local_;
     uint64_t peerRingAddr_ = 0;
-    uint64_t peerKey_ = 0;
+    uint64_t peerKey_ = 0; // of the peer's ring in use (wire::nextRingKey() after each SWITCH)
 
     // riomap windows. Ours: ids below the peer's ioMapSize; records go out in stream order.
     static constexpr uint32_t kRecordBufs = 8;
@@ -388,6 +402,12 @@ private:
     WindowTable windows_;
     uint64_t recordsPosted_ = 0;
     uint64_t recordsDone_ = 0;
+    // Withdrawals of our windows: queued, sent, answered (UNMAPPED); and the peer's withdrawals
+    // we owe an UNMAPPED for.
+    uint64_t withdrawalsQueued_ = 0;
+    uint64_t withdrawalsSent_ = 0;
+    uint64_t withdrawalsAnswered_ = 0;
+    uint32_t unmappedOwed_ = 0;
 
     TxOpRing txOps_;
     RxSlot *rxSlots_ = nullptr;

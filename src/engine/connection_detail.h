@@ -15,6 +15,8 @@ namespace rstream {
 
 // waitFor(): the send ring is empty (it may grow).
 constexpr int kSendDrained = 1 << 8;
+// waitFor(): every window withdrawal queued so far is answered, or the connection is down.
+constexpr int kWithdrawn = 1 << 10;
 
 inline int64_t deadlineFor(int timeoutMs)
 {

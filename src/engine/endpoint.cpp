@@ -31,8 +31,10 @@ int Connection::setup(const fi_info *info)
     // Receive slots only need room for an IOMAP record when the peer may send one.
     slotStride_ = settings_.ioMapSize > 0 ? kRecordSlotBytes : sizeof(uint32_t);
     // Rings grow in place, in areas reserved up front; a provider that pins what is registered
-    // (FI_MR_ALLOCATED, verbs) would pin the whole reservation, so there they keep their size.
-    const bool canReserve = !caps.mrAllocated;
+    // (FI_MR_ALLOCATED, verbs) would pin each ring, and one that chooses keys (FI_MR_PROV_KEY)
+    // cannot register the next receive ring under the key the peer expects (wire::nextRingKey),
+    // so there they keep their size.
+    const bool canReserve = !caps.mrAllocated && !caps.provKey;
     bool growSend = canReserve && settings_.sendBufMax > tx_.size;
     bool growRecv = canReserve && settings_.recvBufMax > rx_.size;
     size_t sendOff = 0, recvOff = 0, slotOff = 0, recordOff = 0, ctrlOff = 0;
@@ -122,17 +124,27 @@ int Connection::setup(const fi_info *info)
     return 0;
 }
 
-int Connection::registerRegion(void *buf, size_t len, uint64_t access, fid_mr **mr)
+uint64_t Connection::keyOfSize(uint64_t key) const
+{
+    const size_t size = domain_->caps().keySize;
+    return size < 8 ? key & ((uint64_t(1) << (8 * size)) - 1) : key;
+}
+
+int Connection::registerRegion(void *buf, size_t len, uint64_t access, fid_mr **mr,
+                               const uint64_t *wantKey)
 {
     const ProviderCaps &caps = domain_->caps();
     int ret = -FI_ENOKEY;
     for (int attempt = 0; attempt < 16 && ret == -FI_ENOKEY; attempt++) {
         uint64_t key = 0;
-        if (!caps.provKey) {
+        if (wantKey) {
+            // A key both ends derive (the next receive ring): one try, it is that key or none.
+            if (attempt > 0)
+                break;
+            key = *wantKey;
+        } else if (!caps.provKey) {
             // Keys must not be guessable: a peer may only ever write where it was told to.
-            key = randomKey();
-            if (caps.keySize < 8)
-                key &= (uint64_t(1) << (8 * caps.keySize)) - 1;
+            key = keyOfSize(randomKey());
         }
         ret = fi_mr_reg(domain_->domain(), buf, len, access, 0, key, 0, mr, this);
     }
@@ -156,9 +168,10 @@ int Connection::registerRegion(void *buf, size_t len, uint64_t access, fid_mr **
 int Connection::registerMemory()
 {
     const ProviderCaps &caps = domain_->caps();
-    // Only the receive area is remotely writable (and the application's riomap windows): the
-    // whole area, as the rings it will hold are written under the same key.
-    int ret = registerRegion(recvArea_, recvReserve_, FI_REMOTE_WRITE, remoteMr_.out());
+    // Only the receive ring in use is remotely writable (and the application's riomap
+    // windows): the rest of the area is registered ring by ring as it grows (growth.cpp), so a
+    // peer can neither write nor make resident what it was not given.
+    int ret = registerRegion(recvArea_, rx_.size, FI_REMOTE_WRITE, remoteMr_.out());
     if (ret < 0)
         return ret;
     if (caps.mrLocal) {

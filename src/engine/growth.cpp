@@ -5,7 +5,10 @@
 #include "connection.h"
 #include "connection_detail.h"
 
+#include <cstring>
+
 #include "clock.h"
+#include "log.h"
 
 namespace rstream {
 
@@ -21,8 +24,24 @@ void Connection::maybeGrowRecvLocked(bool full)
     if (!log2)
         return;
     auto word = wire::encodeGrow(*log2);
-    if (!word || sendWordLocked(*word) < 0)
+    if (!word)
         return;
+    // The new ring is writable from now on, under the key the peer derives from the current
+    // one's; the rest of the area stays unregistered.
+    const uint64_t key = keyOfSize(wire::nextRingKey(fi_mr_key(remoteMr_)));
+    int ret = registerRegion(recvBase_ + rx_.size, size_t(1) << *log2, FI_REMOTE_WRITE,
+                             nextMr_.out(), &key);
+    if (ret < 0) {
+        // (A key another registration of the domain holds, or no memory to register.)
+        RS_LOG(Info, "cannot register a receive ring of %zu bytes (%s): it keeps its size",
+               size_t(1) << *log2, strerror(-ret));
+        growth_.disableRecv();
+        return;
+    }
+    if (sendWordLocked(*word) < 0) {
+        nextMr_.reset();
+        return;
+    }
     growth_.onGrowSent(*log2, now);
     local_.freezeRing();
 }
@@ -39,6 +58,9 @@ void Connection::onSwitchLocked()
     rxOld_ = rx_;
     rxOldBase_ = recvBase_;
     recvBase_ += rx_.size;
+    // The peer writes no more into the old ring (and all it wrote there has landed, ordered
+    // before SWITCH): it stops being writable while its bytes are read.
+    remoteMr_ = std::move(nextMr_);
     rx_ = RecvRing{};
     rx_.size = size;
     local_.switchRing(size);

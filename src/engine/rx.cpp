@@ -125,6 +125,11 @@ void Connection::progressLocked(bool app)
         if (kaAckOwed_ && !closed_ &&
             sendWordLocked(wire::encodeCtrl(wire::Ctrl::KeepaliveAck)) == 0)
             kaAckOwed_ = false;
+        // Posted after every write into the withdrawn windows (writeWindow() posts under this
+        // lock, and looks the window up again first), so it reaches the peer behind them.
+        while (unmappedOwed_ && !closed_ &&
+               sendWordLocked(wire::encodeCtrl(wire::Ctrl::Unmapped)) == 0)
+            unmappedOwed_--;
     }
     // Only keepalive needs the time of arrival: no clock read otherwise.
     if (ka_.takeWord() && ka_.on())
@@ -302,6 +307,9 @@ void Connection::handleWordLocked(uint32_t word, const uint8_t *record)
             break;
         case wire::Ctrl::Switch:
             onSwitchLocked();
+            break;
+        case wire::Ctrl::Unmapped:
+            onUnmappedLocked();
             break;
         }
         break;

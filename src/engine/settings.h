@@ -29,6 +29,9 @@ struct Settings
     uint32_t pollUs = 50;        // spin this long making progress before sleeping
     int connectTimeoutMs = 2000; // bound on connection establishment (also the shim's fallback)
     uint32_t ioMapSize = 64;     // riomap() windows the peer may map (RDMA_IOMAPSIZE)
+    // riounmap() and close() with windows wait this long for the peer's UNMAPPED (its engine
+    // answers at once), then reset the connection: either way no write lands after they return.
+    int unmapTimeoutMs = 5000;
     bool iwarp = false;          // force RMA write + small send instead of write with immediate
     bool strict = false;         // ask the provider for verbs-shaped MR semantics (tests)
     // The preload shim's sockets: a connect says it can take a Defer refusal (and upgrade

@@ -149,10 +149,11 @@ void Connection::flushLocked(bool force, bool uncork)
         return;
     if (const uint64_t switchTo = growth_.switchTo()) {
         // The peer's GROW: SWITCH goes between our last write into its old ring and the first
-        // into the new one, which follows the old one in its registration.
+        // into the new one, which follows the old one in memory, in a registration of its own.
         if (sendWordLocked(wire::encodeCtrl(wire::Ctrl::Switch)) < 0)
             return;
-        peerRingAddr_ += peer_.ringSize();
+        peerRingAddr_ = domain_->caps().virtAddr ? peerRingAddr_ + peer_.ringSize() : 0;
+        peerKey_ = keyOfSize(wire::nextRingKey(peerKey_));
         peer_.switchRing(switchTo);
         growth_.onSwitchSent();
     }

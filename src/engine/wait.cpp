@@ -87,6 +87,9 @@ int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
             ready |= kSendDrained;
         if ((events & kWindowWritable) && (peekSendLocked() < 0 || canWriteWindowLocked()))
             ready |= kWindowWritable;
+        if ((events & kWithdrawn) &&
+            (withdrawalsAnswered_ >= withdrawalsQueued_ || !peerMayWriteLocked()))
+            ready |= kWithdrawn;
         if (ready)
             return ready;
         if (!ep_)
@@ -294,14 +297,14 @@ bool Connection::needsBackgroundLocked() const
     // Data held for the cork waits for its timer, not for the progress thread's rounds.
     return (tx_.unsent() > 0 && !corkHeld_) || tx_.inFlight() > 0 || !txOps_.empty() ||
            local_.due() || txOps_.injectPending() || (shutWr_ && !shutWrSent_) || closing_ ||
-           kaAckOwed_ || !windows_.recordsEmpty();
+           kaAckOwed_ || unmappedOwed_ || !windows_.recordsEmpty();
 }
 
 bool Connection::waitsForPeerLocked() const
 {
     return state_ == State::Connected && !error_ && !closed_ && !closing_ && tx_.unsent() > 0 &&
            !peer_.canSendData() && tx_.inFlight() == 0 && txOps_.empty() &&
-           !txOps_.injectPending() && !local_.due() && !kaAckOwed_ && windows_.recordsEmpty() &&
+           !txOps_.injectPending() && !local_.due() && !kaAckOwed_ && !unmappedOwed_ && windows_.recordsEmpty() &&
            !(shutWr_ && !shutWrSent_);
 }
 

@@ -11,10 +11,12 @@
 #include <cerrno>
 #include <cstring>
 #include <iterator>
+#include <vector>
 
 #include <rdma/fi_rma.h>
 
 #include "clock.h"
+#include "log.h"
 
 namespace rstream {
 
@@ -70,18 +72,51 @@ int Connection::mapWindow(void *buf, size_t len, bool remote, off_t offset, off_
 
 int Connection::unmapWindow(void *buf, size_t len)
 {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     LocalWindow *w = windows_.findLocal(buf, len);
     if (!w)
         return -EINVAL;
-    // Closed at once: the memory is the application's again. A peer write racing with this
-    // fails at the provider, which may reset the connection, as with rsockets.
-    if (w->mr)
-        fi_close(&w->mr->fid);
-    windows_.removeLocal(w, !error_ && (state_ == State::Connected || state_ == State::Accepting));
-    flushLocked(false);
-    watch();
+    fid_mr *mr = w->mr;
+    if (windows_.removeLocal(w, peerMayWriteLocked())) {
+        withdrawalsQueued_++;
+        flushLocked(false);
+        watch();
+        awaitWithdrawalsLocked(lock);
+    }
+    // The peer never knew the window, has answered for it, or can write no more (its endpoint
+    // is down): the memory is the application's again.
+    if (mr)
+        fi_close(&mr->fid);
     return 0;
+}
+
+bool Connection::peerMayWriteLocked() const
+{
+    return (state_ == State::Connected || state_ == State::Accepting) && !error_ && !closed_ &&
+           ep_;
+}
+
+void Connection::awaitWithdrawalsLocked(std::unique_lock<std::mutex> &lock)
+{
+    // The provider may still be placing a write the peer posted before it learned of the
+    // withdrawal (the tcp provider checks a write's key when its header arrives and then keeps
+    // receiving its payload into that memory): only the peer's UNMAPPED, which its provider
+    // delivers behind those writes, or an endpoint that is down, says none can land any more.
+    const uint64_t want = withdrawalsQueued_;
+    const int64_t deadline = deadlineFor(settings_.unmapTimeoutMs);
+    while (withdrawalsAnswered_ < want && peerMayWriteLocked()) {
+        if (nowNs() >= deadline) {
+            RS_LOG(Info, "peer did not answer a window withdrawal within %d ms: reset",
+                   settings_.unmapTimeoutMs);
+            sendWordLocked(wire::encodeCtrl(wire::Ctrl::Reset));
+            failLocked(-ECONNRESET, "window withdrawal unanswered");
+            break;
+        }
+        lock.unlock();
+        // (Interrupted by a signal: look again; the memory may not go back before the answer.)
+        waitFor(kWithdrawn, deadline);
+        lock.lock();
+    }
 }
 
 ssize_t Connection::writeWindow(const void *buf, size_t len, off_t offset, int flags, int timeoutMs)
@@ -166,19 +201,47 @@ bool Connection::canWriteWindowLocked() const
            windows_.recordsEmpty() && tx_.appendSpan() > 0 && txOps_.hasRoom(1 + kTxReserve);
 }
 
-void Connection::releaseWindowsLocked()
+void Connection::releaseWindowsLocked(std::unique_lock<std::mutex> &lock)
 {
-    for (const LocalWindow &w : windows_.local())
-        if (w.mr)
-            fi_close(&w.mr->fid);
-    windows_.clearLocal();
+    // As riounmap() for each: withdrawn in the stream, answered, then closed.
+    std::vector<fid_mr *> mrs;
+    bool told = false;
+    const bool tell = peerMayWriteLocked();
+    while (!windows_.local().empty()) {
+        const LocalWindow &last = windows_.local().back();
+        LocalWindow *w = windows_.findLocal(last.buf, last.len);
+        if (w->mr)
+            mrs.push_back(w->mr);
+        if (windows_.removeLocal(w, tell)) {
+            withdrawalsQueued_++;
+            told = true;
+        }
+    }
+    if (told) {
+        flushLocked(false);
+        awaitWithdrawalsLocked(lock);
+    }
+    for (fid_mr *mr : mrs)
+        fi_close(&mr->fid);
 }
 
 void Connection::handleIoMapLocked(uint32_t id, const uint8_t *record)
 {
     const char *why = nullptr;
-    if (windows_.onPeerRecord(id, record, domain_->caps().virtAddr, &why) < 0)
+    const int r = windows_.onPeerRecord(id, record, domain_->caps().virtAddr, &why);
+    if (r < 0)
         failLocked(-ECONNRESET, why);
+    else if (r == 1)
+        unmappedOwed_++; // sent by progressLocked(), behind every write into the window
+}
+
+void Connection::onUnmappedLocked()
+{
+    if (withdrawalsAnswered_ >= withdrawalsSent_) {
+        failLocked(-ECONNRESET, "UNMAPPED for no withdrawal");
+        return;
+    }
+    withdrawalsAnswered_++;
 }
 
 bool Connection::flushRecordsLocked()
@@ -212,6 +275,8 @@ bool Connection::flushRecordsLocked()
         op.record = true;
         txOps_.commit();
         recordsPosted_++;
+        if (p.rec.length == 0)
+            withdrawalsSent_++;
         peer_.onCtrlSent();
         windows_.popRecord();
     }

@@ -49,8 +49,9 @@ LocalWindow *WindowTable::findLocal(const void *buf, size_t len)
     return it == local_.end() ? nullptr : &*it;
 }
 
-void WindowTable::removeLocal(LocalWindow *w, bool tell)
+bool WindowTable::removeLocal(LocalWindow *w, bool tell)
 {
+    bool told = false;
     if (w->mr) {
         const uint32_t id = w->id;
         idUsed_[id] = false;
@@ -60,10 +61,13 @@ void WindowTable::removeLocal(LocalWindow *w, bool tell)
                                  [&](const PendingRecord &p) { return p.id == id; });
         if (last != records_.rend() && last->rec.length != 0)
             records_.erase(std::next(last).base());
-        else if (tell)
+        else if (tell) {
             records_.push_back({id, wire::IoMapRecord{}});
+            told = true;
+        }
     }
     local_.erase(local_.begin() + (w - local_.data()));
+    return told;
 }
 
 void WindowTable::clearLocal()
@@ -91,7 +95,7 @@ int WindowTable::onPeerRecord(uint32_t id, const uint8_t *record, bool virtAddr,
             return -ECONNRESET;
         }
         w = PeerWindow{};
-        return 0;
+        return 1;
     }
     if (w.length != 0) {
         *why = "peer announced a window id twice";

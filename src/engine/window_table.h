@@ -58,8 +58,8 @@ public:
     LocalWindow *findLocal(const void *buf, size_t len);
     // Takes w (found by findLocal(), its region closed by the caller) out of the table. A remote
     // window's id is free again; its announcement, if still queued, is dropped unsent, else the
-    // peer is told when tell is set.
-    void removeLocal(LocalWindow *w, bool tell);
+    // peer is told when tell is set. true when a withdrawal was queued (the peer will answer it).
+    bool removeLocal(LocalWindow *w, bool tell);
     const std::vector<LocalWindow> &local() const { return local_; }
     // All of ours go (their regions closed by the caller), with the records not sent yet.
     void clearLocal();
@@ -69,7 +69,8 @@ public:
     const PendingRecord &nextRecord() const { return records_.front(); }
     void popRecord() { records_.pop_front(); }
 
-    // The peer's. An IOMAP record from it: 0, or -ECONNRESET with *why when it breaks the rules.
+    // The peer's. An IOMAP record from it: 0 for an announcement, 1 for a withdrawal (to be
+    // answered with UNMAPPED), or -ECONNRESET with *why when it breaks the rules.
     // virtAddr: windows are addressed by virtual address (FI_MR_VIRT_ADDR).
     int onPeerRecord(uint32_t id, const uint8_t *record, bool virtAddr, const char **why);
     // The peer's window that holds [offset, offset + len), or null.

@@ -42,6 +42,15 @@ std::optional<uint32_t> encodeIoMap(uint32_t window)
     return (static_cast<uint32_t>(Op::IoMap) << kOpShift) | window;
 }
 
+uint64_t nextRingKey(uint64_t key)
+{
+    // splitmix64's step: every output bit depends on every input bit.
+    uint64_t z = key + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
 std::optional<Message> decode(uint32_t word)
 {
     uint32_t payload = word & kPayloadMask;

@@ -18,12 +18,13 @@
 //                                      smallest shift for which the whole receive ring fits
 //                                      in 16 bits (ringSize >> shift <= 65535)
 //   op 2 CTRL    payload bits 7..0  = control code (SHUT_WR, DISCONNECT, RESET, KEEPALIVE,
-//                                      KEEPALIVE_ACK, GROW, SWITCH)
+//                                      KEEPALIVE_ACK, GROW, SWITCH, UNMAPPED)
 //                payload bits 12..8 = GROW: log2 of the new ring size (10 .. 28); else 0
 //                payload bits 28..13 = 0
 //   op 3 IOMAP   payload = window id (0 .. the receiver's ioMapSize - 1). The only word that
 //                carries a payload of its own: a 32-byte IoMapRecord that announces (length > 0)
-//                or withdraws (length 0) the sender's riomap() window with that id. It travels
+//                or withdraws (length 0) the sender's riomap() window with that id (answered
+//                with UNMAPPED once no write into it can land any more). It travels
 //                as a send into a posted receive: as the 32-byte payload of a send with
 //                immediate, or in iWarp mode as bytes 4..35 of the 36-byte send that starts
 //                with the word. Any other word arriving with a payload, or an IOMAP without
@@ -62,14 +63,20 @@ enum class Ctrl : uint32_t
     KeepaliveAck = 5,
     // Receive ring growth (the receiver's ring only grows, and only towards a sender whose hello
     // has kFlagGrow). GROW tells the sender the receiver has a ring of 2^arg bytes ready right
-    // after its current one in the same registration (at ring address + current size); from
-    // then on the receiver returns no more ring credit for the current ring. The sender answers
-    // SWITCH, ordered after its last write into the current ring and before its first write into
-    // the new one, which starts with all of it free.
+    // after its current one in memory, registered on its own (see nextRingKey()); from then on
+    // the receiver returns no more ring credit for the current ring. The sender answers SWITCH,
+    // ordered after its last write into the current ring and before its first write into the
+    // new one, which starts with all of it free. The receiver closes the current ring's
+    // registration when SWITCH arrives: only the ring in use is ever writable.
     Grow = 6,
     Switch = 7,
+    // The answer to an IOMAP withdrawal, one for each, in order: the sender of UNMAPPED has
+    // forgotten the window and posted every write into it before this word, so once it arrives
+    // (ordered behind those writes) nothing can land in the window's memory any more, and
+    // riounmap() may hand the memory back to the application.
+    Unmapped = 8,
 };
-constexpr Ctrl kLastCtrl = Ctrl::Switch;
+constexpr Ctrl kLastCtrl = Ctrl::Unmapped;
 
 constexpr unsigned kOpShift = 29;
 constexpr uint32_t kPayloadMask = (1u << kOpShift) - 1;
@@ -96,6 +103,14 @@ struct Message
 
     bool operator==(const Message &) const = default;
 };
+
+// The key of the receive ring that follows a ring registered under key (GROW): a mix of all its
+// bits, so that only the two ends, who know the first ring's key from the hello, can name it
+// (the ring of a domain shared with other connections is guarded by its key alone). Its address
+// is the current ring's address plus its size with kFlagVirtAddr, else 0 (offsets into the new
+// ring's own registration). Growth needs keys this end chooses: where the provider chooses
+// them, rings keep their size.
+uint64_t nextRingKey(uint64_t key);
 
 // Encoders return nullopt for a field out of range.
 std::optional<uint32_t> encodeData(uint32_t len);
@@ -138,7 +153,8 @@ int decodeIoMapRecord(const void *data, size_t len, IoMapRecord *out);
 // CM private data: sent by the connecting side with fi_connect and answered with fi_accept.
 // All fields in network byte order on the wire; 40 bytes.
 constexpr uint32_t kMagic = 0x5253544d; // "RSTM"
-constexpr uint16_t kVersion = 1;
+// Version 2: each receive ring registered on its own (GROW, nextRingKey()), UNMAPPED.
+constexpr uint16_t kVersion = 2;
 constexpr size_t kHelloSize = 40;
 
 enum HelloFlags : uint16_t

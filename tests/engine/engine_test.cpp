@@ -28,6 +28,7 @@
 #include <gtest/gtest.h>
 
 #include "engine_fixture.h"
+#include "raw_peer.h"
 
 using namespace rstream;
 
@@ -513,164 +514,6 @@ TEST_P(EngineTest, FewFileDescriptorsPerConnection)
     EXPECT_LE(perConnection, 5);
 }
 
-// A raw libfabric endpoint playing an rstream peer: it says the hello it is given, then sends
-// what a test chooses, so that peers breaking the protocol can be tried.
-class RawPeer
-{
-public:
-    ~RawPeer()
-    {
-        if (ep_)
-            fi_close(&ep_->fid);
-        if (cq_)
-            fi_close(&cq_->fid);
-        if (eq_)
-            fi_close(&eq_->fid);
-        if (domain_)
-            fi_close(&domain_->fid);
-        if (fabric_)
-            fi_close(&fabric_->fid);
-        if (info_)
-            fi_freeinfo(info_);
-    }
-
-    // An enabled endpoint towards port, with a few receives posted for the peer's words.
-    void open(uint16_t port)
-    {
-        fi_info *hints = fi_allocinfo();
-        hints->ep_attr->type = FI_EP_MSG;
-        hints->caps = FI_MSG | FI_RMA;
-        hints->fabric_attr->prov_name = strdup("tcp");
-        std::string service = std::to_string(port);
-        ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", service.c_str(), 0, hints, &info_), 0);
-        fi_freeinfo(hints);
-        ASSERT_EQ(fi_fabric(info_->fabric_attr, &fabric_, nullptr), 0);
-        ASSERT_EQ(fi_domain(fabric_, info_, &domain_, nullptr), 0);
-        fi_eq_attr eattr{};
-        eattr.wait_obj = FI_WAIT_FD;
-        ASSERT_EQ(fi_eq_open(fabric_, &eattr, &eq_, nullptr), 0);
-        ASSERT_EQ(fi_endpoint(domain_, info_, &ep_, nullptr), 0);
-        fi_cq_attr cattr{};
-        cattr.format = FI_CQ_FORMAT_DATA;
-        ASSERT_EQ(fi_cq_open(domain_, &cattr, &cq_, nullptr), 0);
-        ASSERT_EQ(fi_ep_bind(ep_, &eq_->fid, 0), 0);
-        ASSERT_EQ(fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV), 0);
-        ASSERT_EQ(fi_enable(ep_), 0);
-        for (auto &w : words_)
-            ASSERT_EQ(fi_recv(ep_, &w, sizeof(w), nullptr, 0, nullptr), 0);
-    }
-
-    // Sends the hello; the answer comes from event().
-    void hello(const wire::Hello &h)
-    {
-        iwarp_ = h.flags & wire::kFlagIwarp;
-        uint8_t data[wire::kHelloSize];
-        wire::encodeHello(h, data);
-        ASSERT_EQ(fi_connect(ep_, info_->dest_addr, data, sizeof(data)), 0);
-    }
-
-    // The next connection event (FI_CONNECTED...), or -FI_EAVAIL with *err set, within 5 s.
-    ssize_t event(uint32_t *ev, int *err)
-    {
-        alignas(fi_eq_cm_entry) uint8_t buf[sizeof(fi_eq_cm_entry) + 256];
-        ssize_t r = fi_eq_sread(eq_, ev, buf, sizeof(buf), 5000, 0);
-        // The accepting side's hello: where its receive ring is, and under which key.
-        if (r > ssize_t(sizeof(fi_eq_cm_entry)) && *ev == FI_CONNECTED)
-            wire::decodeHello(reinterpret_cast<fi_eq_cm_entry *>(buf)->data,
-                              size_t(r) - sizeof(fi_eq_cm_entry), &accepted_);
-        if (r == -FI_EAVAIL) {
-            fi_eq_err_entry e{};
-            fi_eq_readerr(eq_, &e, 0);
-            *err = e.err;
-        }
-        return r;
-    }
-
-    // A connection with a valid hello for a ring of ringSize bytes.
-    void connect(uint16_t port, bool virtAddr, bool iwarp, uint32_t ringSize)
-    {
-        open(port);
-        wire::Hello h;
-        h.flags =
-            wire::kFlagGrow | (virtAddr ? wire::kFlagVirtAddr : 0) | (iwarp ? wire::kFlagIwarp : 0);
-        h.ringAddr = virtAddr ? 0x10000 : 0;
-        h.ringKey = 1;
-        h.ringSize = ringSize;
-        h.rxSlots = 16;
-        hello(h);
-        uint32_t ev = 0;
-        int err = 0;
-        ASSERT_GT(event(&ev, &err), 0) << fi_strerror(err);
-        ASSERT_EQ(ev, uint32_t(FI_CONNECTED));
-    }
-
-    // A message word, with len bytes of payload as an rstream peer sends it: the payload of a
-    // send with immediate, or in iWarp mode after the word in one send.
-    void send(uint32_t word, const void *payload = nullptr, size_t len = 0)
-    {
-        ASSERT_LE(len, sizeof(msg_) - 4);
-        std::memcpy(msg_, &word, 4);
-        if (len)
-            std::memcpy(msg_ + 4, payload, len);
-        ssize_t r;
-        do {
-            r = iwarp_ ? fi_send(ep_, msg_, 4 + len, nullptr, 0, nullptr)
-                       : fi_senddata(ep_, len ? msg_ + 4 : nullptr, len, nullptr, word, 0, nullptr);
-            progress();
-        } while (r == -FI_EAGAIN);
-        ASSERT_EQ(r, 0);
-    }
-
-    // What the accepting side's hello said.
-    const wire::Hello &accepted() const { return accepted_; }
-
-    // An RMA write of len bytes to addr under key, as a peer that guessed them would send it;
-    // waits (2 s at most) for its completion: 0, or the provider's error.
-    int write(uint64_t addr, uint64_t key, const void *data, size_t len)
-    {
-        ssize_t r;
-        do {
-            r = fi_write(ep_, data, len, nullptr, 0, addr, key, nullptr);
-            progress();
-        } while (r == -FI_EAGAIN);
-        if (r)
-            return static_cast<int>(r);
-        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-        while (std::chrono::steady_clock::now() < until) {
-            fi_cq_data_entry e;
-            const ssize_t n = fi_cq_read(cq_, &e, 1);
-            if (n == 1)
-                return 0;
-            if (n == -FI_EAVAIL) {
-                fi_cq_err_entry err{};
-                fi_cq_readerr(cq_, &err, 0);
-                return -err.err;
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        }
-        return -FI_ETIMEDOUT;
-    }
-
-    // Manual progress for what was sent.
-    void progress()
-    {
-        fi_cq_data_entry e[8];
-        fi_cq_read(cq_, e, 8);
-    }
-
-private:
-    fi_info *info_ = nullptr;
-    fid_fabric *fabric_ = nullptr;
-    fid_domain *domain_ = nullptr;
-    fid_eq *eq_ = nullptr;
-    fid_cq *cq_ = nullptr;
-    fid_ep *ep_ = nullptr;
-    uint32_t words_[16] = {};
-    wire::Hello accepted_;
-    uint8_t msg_[64] = {};
-    bool iwarp_ = false;
-};
-
 TEST_P(EngineTest, PeerWithBadHelloIsRejected)
 {
     auto l = listen(settings());
@@ -851,7 +694,8 @@ TEST_P(EngineTest, PeerBreakingTheProtocolIsReset)
         {"CREDIT of slots never used", {*wire::encodeCredit(wire::kMaxSlots, 0)}},
         {"CREDIT of nothing", {1u << wire::kOpShift}},
         {"CTRL code 0", {2u << wire::kOpShift}},
-        {"CTRL code past the last", {(2u << wire::kOpShift) | 8u}},
+        {"CTRL code past the last", {(2u << wire::kOpShift) | (uint32_t(wire::kLastCtrl) + 1)}},
+        {"UNMAPPED for no withdrawal", {wire::encodeCtrl(wire::Ctrl::Unmapped)}},
         {"CTRL with an argument it has none for",
          {(2u << wire::kOpShift) | (1u << 8) | uint32_t(wire::Ctrl::ShutWr)}},
         {"CTRL with high bits set", {(2u << wire::kOpShift) | (1u << 20) | 4u}},

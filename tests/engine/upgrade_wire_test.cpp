@@ -14,7 +14,7 @@ TEST(UpgradeWire, RefusalRoundTrip)
 {
     uint8_t buf[kRefusalSize];
     encodeRefusal(RefusalReason::Defer, buf);
-    const uint8_t expect[kRefusalSize] = {'R', 'S', 'T', 'M', 0, 1, 0, 1};
+    const uint8_t expect[kRefusalSize] = {'R', 'S', 'T', 'M', 0, 2, 0, 1}; // version 2, Defer
     EXPECT_EQ(std::memcmp(buf, expect, sizeof(buf)), 0);
     EXPECT_EQ(decodeRefusal(buf, sizeof(buf)), RefusalReason::Defer);
     EXPECT_EQ(decodeRefusal(buf, sizeof(buf) - 1), RefusalReason::None);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <set>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -19,8 +20,10 @@ using namespace rstream::wire;
 
 namespace {
 
-constexpr Ctrl kAllCtrls[] = {Ctrl::ShutWr,    Ctrl::Disconnect,   Ctrl::Reset,
-                              Ctrl::Keepalive, Ctrl::KeepaliveAck, Ctrl::Switch};
+// (GROW needs its argument: WireCtrl.GrowCarries...)
+constexpr Ctrl kAllCtrls[] = {Ctrl::ShutWr,       Ctrl::Disconnect, Ctrl::Reset,
+                              Ctrl::Keepalive,    Ctrl::KeepaliveAck, Ctrl::Switch,
+                              Ctrl::Unmapped};
 
 uint32_t makeWord(uint32_t op, uint32_t payload)
 {
@@ -144,6 +147,24 @@ TEST(WireCredit, EncoderRejectsOutOfRangeFields)
     EXPECT_TRUE(encodeCredit(kMaxSlots, kMaxRingUnits));
     EXPECT_TRUE(encodeCredit(1, 0));
     EXPECT_TRUE(encodeCredit(0, 1));
+}
+
+TEST(WireRingKey, NextRingKeyMixesEveryBitAndDoesNotRepeat)
+{
+    // The peer's next ring key is derived from the current one: it must not be the next
+    // integer (sequential keys are what a guesser tries) and must change with every bit.
+    uint64_t key = 0x0123456789abcdefull;
+    std::set<uint64_t> seen{key};
+    for (int i = 0; i < 1000; i++) {
+        const uint64_t next = nextRingKey(key);
+        EXPECT_TRUE(seen.insert(next).second) << i;
+        EXPECT_GE(__builtin_popcountll(next ^ key), 12) << i;
+        key = next;
+    }
+    for (unsigned bit = 0; bit < 64; bit++) {
+        const uint64_t a = nextRingKey(0), b = nextRingKey(uint64_t(1) << bit);
+        EXPECT_GE(__builtin_popcountll(a ^ b), 16) << bit;
+    }
 }
 
 TEST(WireCtrl, RoundTripsEveryCode)
@@ -386,9 +407,9 @@ TEST(WireHello, IsFortyBytesInNetworkOrder)
     EXPECT_EQ(b[1], 'S');
     EXPECT_EQ(b[2], 'T');
     EXPECT_EQ(b[3], 'M');
-    // version 1, big endian
+    // version 2, big endian
     EXPECT_EQ(b[4], 0x00);
-    EXPECT_EQ(b[5], 0x01);
+    EXPECT_EQ(b[5], 0x02);
     // flags
     EXPECT_EQ(b[6], 0x00);
     EXPECT_EQ(b[7], kFlagVirtAddr | kFlagIwarp);
