@@ -85,6 +85,9 @@ public:
     // Tests only: called by recv() between choosing the bytes it copies and copying them, when
     // set, so that a test can make another thread's work (a RESET) land in between.
     static inline std::atomic<void (*)(Connection *)> testBeforeRecvCopy{nullptr};
+    // Tests only: when set, registerRegion() asks it first and fails with what it returns when
+    // that is a -errno, as a provider out of registrations (fi_mr_reg) would.
+    static inline std::atomic<int (*)(size_t len, uint64_t access)> testRegisterFault{nullptr};
 
     // riomap(3): makes [buf, buf + len) a window the peer can riowrite() into, at the riowrite
     // offset `offset`, or, with offset -1, at one chosen here (the buffer's address when free).
