@@ -29,10 +29,14 @@
 
 namespace rstream {
 
-Connection::Connection(const Settings &settings) : settings_(settings) {}
+Connection::Connection(const Settings &settings) : settings_(settings)
+{
+    live_.fetch_add(1, std::memory_order_relaxed);
+}
 
 Connection::~Connection()
 {
+    live_.fetch_sub(1, std::memory_order_relaxed);
     bool known;
     {
         std::lock_guard<std::mutex> lock(mutex_);

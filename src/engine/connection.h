@@ -56,6 +56,9 @@ public:
     ~Connection() override;
     Connection(const Connection &) = delete;
     Connection &operator=(const Connection &) = delete;
+    // Connections of this process made and not yet destroyed: what a leak check compares
+    // before and after, since each holds its endpoint's fds, memory and registrations.
+    static long liveCount() { return live_.load(std::memory_order_relaxed); }
 
     // Settings may change until connect().
     Settings &settings() { return settings_; }
@@ -82,6 +85,9 @@ public:
     // Tests only: called by recv() between choosing the bytes it copies and copying them, when
     // set, so that a test can make another thread's work (a RESET) land in between.
     static inline std::atomic<void (*)(Connection *)> testBeforeRecvCopy{nullptr};
+    // Tests only: when set, registerRegion() asks it first and fails with what it returns when
+    // that is a -errno, as a provider out of registrations (fi_mr_reg) would.
+    static inline std::atomic<int (*)(size_t len, uint64_t access)> testRegisterFault{nullptr};
 
     // riomap(3): makes [buf, buf + len) a window the peer can riowrite() into, at the riowrite
     // offset `offset`, or, with offset -1, at one chosen here (the buffer's address when free).
@@ -228,6 +234,7 @@ public:
 
 private:
     friend class Listener;
+    static inline std::atomic<long> live_{0};
     enum class State
     {
         Idle,

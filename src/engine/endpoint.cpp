@@ -134,6 +134,12 @@ int Connection::registerRegion(void *buf, size_t len, uint64_t access, fid_mr **
                                const uint64_t *wantKey)
 {
     const ProviderCaps &caps = domain_->caps();
+    if (auto fault = testRegisterFault.load(std::memory_order_relaxed)) {
+        if (int r = fault(len, access); r < 0) {
+            *mr = nullptr;
+            return r;
+        }
+    }
     int ret = -FI_ENOKEY;
     for (int attempt = 0; attempt < 16 && ret == -FI_ENOKEY; attempt++) {
         uint64_t key = 0;

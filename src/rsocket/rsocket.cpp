@@ -161,13 +161,17 @@ __attribute__((visibility("default"))) int raccept(int socket, struct sockaddr *
         auto s = resolve(socket);
         if (!s)
             return -EBADF;
-        std::shared_ptr<Socket> ns;
-        int ret = s->accept(&ns, addr, addrlen);
-        if (ret < 0)
-            return ret;
+        // The descriptor first, as Linux does: at RLIMIT_NOFILE accept fails with EMFILE and
+        // the connection stays queued, rather than being taken and dropped.
         int fd = placeholder(s->family(), SOCK_CLOEXEC);
         if (fd < 0)
             return fd;
+        std::shared_ptr<Socket> ns;
+        int ret = s->accept(&ns, addr, addrlen);
+        if (ret < 0) {
+            sys::close(fd);
+            return ret;
+        }
         return install(fd, std::move(ns));
     });
 }
