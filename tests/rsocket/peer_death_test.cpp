@@ -124,6 +124,7 @@ protected:
                     break;
             }
         }
+        const std::vector<uint8_t> big(what == Blocked::Send ? 16u << 20 : 0, 0x5a);
         std::atomic<bool> done{false};
         long result = 0;
         int err = 0;
@@ -133,7 +134,10 @@ protected:
                 result = b->recv(fd, buf.data(), buf.size(), 0);
                 break;
             case Blocked::Send:
-                result = b->send(fd, buf.data(), buf.size(), MSG_NOSIGNAL);
+                // More than the window can open by while it waits: on Linux 6.18 a receiver
+                // that never reads still grows its buffer slowly (tcp_rmem's maximum is 32 MiB
+                // here), and a 256 KiB send found room within the 300 ms.
+                result = b->send(fd, big.data(), big.size(), MSG_NOSIGNAL);
                 break;
             case Blocked::Poll: {
                 pollfd p{fd, POLLIN, 0};
