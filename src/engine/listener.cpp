@@ -189,6 +189,10 @@ int Listener::readRequestLocked(fi_info **info, wire::Hello *peer)
     auto &entry = *reinterpret_cast<fi_eq_cm_entry *>(buf);
     for (;;) {
         uint32_t event = 0;
+        // The tcp provider reads connection requests inside fi_eq_read and takes errno for why
+        // a short read failed: a stale EAGAIN there keeps a peer that sent half a header (and
+        // then waits) half read instead of dropping it.
+        errno = 0;
         ssize_t ret = fi_eq_read(eq_, &event, buf, sizeof(buf), 0);
         if (ret == -FI_EAGAIN)
             return -EAGAIN;
