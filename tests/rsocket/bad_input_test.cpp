@@ -114,9 +114,9 @@ TEST_P(BadInput, UseAfterClose)
 
 // Where librstream's errno differs from the kernel's (found by these tests, not fixed yet): a
 // pipe's descriptor gives EBADF instead of ENOTSOCK, a connect address longer than
-// sockaddr_storage ECONNREFUSED instead of EINVAL, getsockopt at an unknown level EOPNOTSUPP
-// instead of ENOPROTOOPT, socket() of an unknown type EPROTONOSUPPORT instead of EINVAL. Run
-// with --gtest_also_run_disabled_tests; enable once fixed.
+// sockaddr_storage ECONNREFUSED instead of EINVAL, socket() of an unknown type EPROTONOSUPPORT
+// instead of EINVAL, getsockopt at an unknown level ENOPROTOOPT instead of EOPNOTSUPP. Run with
+// --gtest_also_run_disabled_tests; enable once fixed.
 TEST_P(BadInput, DISABLED_KnownDifferences)
 {
     int fd = newSocket();
@@ -124,10 +124,11 @@ TEST_P(BadInput, DISABLED_KnownDifferences)
     char big[sizeof(sockaddr_storage) + 8] = {};
     memcpy(big, &a, sizeof(a));
     EXPECT_EQ(res(b->connect(fd, reinterpret_cast<sockaddr *>(big), sizeof(big))), kFail(EINVAL));
+    EXPECT_EQ(res(b->socket(AF_INET, 12345, 0)), kFail(EINVAL));
+    // Linux's TCP answers a get at an unknown level with EOPNOTSUPP (a set with ENOPROTOOPT).
     int v = 1;
     socklen_t len = sizeof(v);
-    EXPECT_EQ(res(b->getsockopt(fd, 12345, 1, &v, &len)), kFail(ENOPROTOOPT));
-    EXPECT_EQ(res(b->socket(AF_INET, 12345, 0)), kFail(EINVAL));
+    EXPECT_EQ(res(b->getsockopt(fd, 12345, 1, &v, &len)), kFail(EOPNOTSUPP));
 }
 
 // A pipe's descriptor is no socket: ENOTSOCK from every socket call.
