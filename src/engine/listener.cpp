@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -19,6 +22,54 @@
 #include "wire.h"
 
 namespace rstream {
+
+namespace {
+
+// How long the tcp provider may wait in one read for the rest of a connection request.
+constexpr int kRequestReadTimeoutMs = 50;
+
+// The tcp provider (libfabric 1.17, and upstream still) reads a connection request with a
+// blocking recv() on the socket it accepted, from inside fi_eq_read: a peer that sends a header
+// announcing private data and then nothing would hold whoever reads this listener's EQ (accept()
+// and the progress thread, so every connection's background progress) until it sends more or
+// goes away. Accepted sockets inherit SO_RCVTIMEO from the listening socket, so a timeout there
+// bounds that wait: the provider sees EAGAIN, leaves the request half read and drops the peer
+// once it sends again or closes. The listening socket is the one in the EQ's epoll set (waitFd,
+// listed in /proc/self/fdinfo) that listens at addr.
+void boundRequestReads(int waitFd, const sockaddr_storage &addr, socklen_t addrLen)
+{
+    char path[64];
+    std::snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", waitFd);
+    const int f = ::open(path, O_RDONLY | O_CLOEXEC);
+    char buf[4096];
+    size_t n = 0;
+    if (f >= 0) {
+        ssize_t r;
+        while (n < sizeof(buf) - 1 && (r = sys::read(f, buf + n, sizeof(buf) - 1 - n)) > 0)
+            n += size_t(r);
+        sys::close(f);
+    }
+    buf[n] = 0;
+    for (const char *p = buf; (p = std::strstr(p, "tfd:")) != nullptr; p += 4) {
+        const int fd = std::atoi(p + 4);
+        int listening = 0;
+        socklen_t l = sizeof(listening);
+        if (sys::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &l) < 0 || !listening)
+            continue;
+        sockaddr_storage name{};
+        socklen_t nameLen = sizeof(name);
+        if (sys::getsockname(fd, reinterpret_cast<sockaddr *>(&name), &nameLen) < 0 ||
+            nameLen != addrLen || std::memcmp(&name, &addr, nameLen) != 0)
+            continue;
+        const timeval tv{0, kRequestReadTimeoutMs * 1000};
+        if (sys::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0)
+            return;
+    }
+    RS_LOG(Info, "listener: the provider's socket was not found: a peer that stalls in the "
+                 "middle of a connection request holds this listener until it goes");
+}
+
+} // namespace
 
 Listener::Listener(const Settings &settings) : settings_(settings)
 {
@@ -90,6 +141,8 @@ int Listener::listen(int backlog)
     size_t l = sizeof(addr_);
     if (fi_getname(&pep_->fid, &addr_, &l) == 0)
         addrLen_ = static_cast<socklen_t>(l);
+    if (info_->fabric_attr->prov_name && std::strcmp(info_->fabric_attr->prov_name, "tcp") == 0)
+        boundRequestReads(waitFd_, addr_, addrLen_);
     listening_ = true;
     ProgressThread::instance().watchListener(this);
     return 0;
@@ -136,6 +189,10 @@ int Listener::readRequestLocked(fi_info **info, wire::Hello *peer)
     auto &entry = *reinterpret_cast<fi_eq_cm_entry *>(buf);
     for (;;) {
         uint32_t event = 0;
+        // The tcp provider reads connection requests inside fi_eq_read and takes errno for why
+        // a short read failed: a stale EAGAIN there keeps a peer that sent half a header (and
+        // then waits) half read instead of dropping it.
+        errno = 0;
         ssize_t ret = fi_eq_read(eq_, &event, buf, sizeof(buf), 0);
         if (ret == -FI_EAGAIN)
             return -EAGAIN;

@@ -245,6 +245,73 @@ TEST_P(PeerDeath, ConnectingWhenTheServerDies)
     }
 }
 
+// A client process killed right after it starts connecting (before, during or after the
+// handshake) while this side is blocked in accept: accept either returns that connection, whose
+// first read reports the end (EOF or ECONNRESET) within a few seconds, or goes on waiting and
+// returns the next client's, as kernel TCP does; the next client's bytes come through intact.
+TEST_P(PeerDeath, AcceptingWhenTheClientDies)
+{
+    uint16_t port = 0;
+    int lfd = newListener(AF_INET, &port);
+    ASSERT_GE(lfd, 0);
+    for (int delayMs : {0, 2, 20, 200}) {
+        SCOPED_TRACE("killed " + std::to_string(delayMs) + " ms after the fork");
+        std::atomic<int> accepted{-2};
+        std::thread server([&] { accepted = b->accept(lfd, nullptr, nullptr); });
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        ASSERT_EQ(accepted.load(), -2) << "accept did not block";
+        pid_ = fork();
+        if (pid_ == 0) {
+            const std::string p = std::to_string(port);
+            execl("/proc/self/exe", "peer_death_test", "--peer", b->name, p.c_str(), nullptr);
+            _exit(127);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(delayMs));
+        killPeer();
+        // The next client connects (in a thread: the r* connect completes once it is accepted)
+        // and says hello.
+        int c = newSocket();
+        std::atomic<int> connected{-2};
+        std::thread client([&] {
+            sockaddr_in a = loopback4(port);
+            connected = b->connect(c, reinterpret_cast<sockaddr *>(&a), sizeof(a));
+            if (connected == 0)
+                b->send(c, "hi", 2, MSG_NOSIGNAL);
+        });
+        const auto t0 = std::chrono::steady_clock::now();
+        while (accepted.load() == -2 && msSince(t0) < 10000)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        if (accepted.load() == -2)
+            b->shutdown(lfd, SHUT_RDWR); // release the thread; the test has failed
+        server.join();
+        int fd = own(accepted.load());
+        ASSERT_GE(fd, 0) << "accept: nothing within 10 s";
+        timeval tv{5, 0};
+        ASSERT_EQ(b->setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+        char got[2] = {};
+        ssize_t n = b->recv(fd, got, 2, MSG_WAITALL);
+        int err = errno;
+        bool deadOne = n != 2;
+        RecordProperty("dead_client_accepted_" + std::to_string(delayMs), deadOne ? 1 : 0);
+        if (deadOne) {
+            // The killed client's connection: the end, then the next client's.
+            EXPECT_TRUE(n == 0 || (n == -1 && err == ECONNRESET)) << n << " " << strerror(err);
+            pollfd p{lfd, POLLIN, 0};
+            ASSERT_EQ(b->poll(&p, 1, 10000), 1) << "the next client never came";
+            fd = own(b->accept(lfd, nullptr, nullptr));
+            ASSERT_GE(fd, 0) << strerror(errno);
+            ASSERT_EQ(b->setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+            n = b->recv(fd, got, 2, MSG_WAITALL);
+        }
+        client.join();
+        EXPECT_EQ(connected.load(), 0) << strerror(errno);
+        EXPECT_EQ(n, 2);
+        EXPECT_EQ(memcmp(got, "hi", 2), 0);
+        closeFd(fd);
+        closeFd(c);
+    }
+}
+
 TEST_P(PeerDeath, BlockedInRecv)
 {
     blockedWhenThePeerDies(Blocked::Recv);
