@@ -4,7 +4,8 @@
 # netns_setup skips the test (exit 77, with the reason) where namespaces cannot be made.
 # shellcheck shell=bash
 
-# netns_setup: sets NS_A, NS_B (namespace names) and ADDR_A, ADDR_B (their addresses).
+# netns_setup: sets NS_A, NS_B (namespace names), ADDR_A, ADDR_B (their addresses) and VETH_A,
+# VETH_B (the ends of the veth pair in them).
 netns_setup() {
 	local tag sub
 	tag="rs$$"
@@ -13,6 +14,8 @@ netns_setup() {
 	NS_B="$tag-b"
 	ADDR_A="10.231.$sub.1"
 	ADDR_B="10.231.$sub.2"
+	VETH_A="$tag-va"
+	VETH_B="$tag-vb"
 	if ! ip netns add "$NS_A" 2>/dev/null; then
 		echo "SKIP: cannot create network namespaces (needs root and ip netns)"
 		exit 77
@@ -52,4 +55,49 @@ netns_teardown() {
 		done
 		ip netns del "$ns" 2>/dev/null || true
 	done
+}
+
+# A link that misbehaves, for the fault tests. The kernel here has no netem qdisc: loss comes
+# from nftables, rate limits from tbf. Each helper skips the test (exit 77, with the reason)
+# where its tool is missing or the kernel refuses it, so that no case passes without its fault.
+
+# netns_loss NS PERCENT: drops PERCENT % of the packets NS sends, at random (PERCENT 0: none);
+# netns_dropped NS prints how many the rule dropped so far.
+netns_loss() {
+	command -v nft >/dev/null 2>&1 || {
+		echo "SKIP: nft is not installed (scripts/setup installs nftables)"
+		exit 77
+	}
+	if ! ip netns exec "$1" nft list table inet rsfault >/dev/null 2>&1; then
+		if ! ip netns exec "$1" nft add table inet rsfault ||
+			! ip netns exec "$1" nft add chain inet rsfault out \
+				'{ type filter hook output priority 0; }'; then
+			echo "SKIP: nftables does not work in a network namespace here"
+			exit 77
+		fi
+	fi
+	ip netns exec "$1" nft flush chain inet rsfault out
+	[ "$2" -gt 0 ] || return 0
+	ip netns exec "$1" nft add rule inet rsfault out numgen random mod 100 \< "$2" counter drop || {
+		echo "SKIP: this kernel's nftables has no numgen or counter"
+		exit 77
+	}
+}
+
+netns_dropped() {
+	ip netns exec "$1" nft list chain inet rsfault out 2>/dev/null |
+		sed -n 's/.*counter packets \([0-9]*\) .*/\1/p' | awk '{ n += $1 } END { print n + 0 }'
+}
+
+# netns_rate NS DEV RATE: shapes what DEV (in NS) sends to RATE (tc's units, e.g. 20mbit) with a
+# token bucket; netns_shaped NS DEV prints the qdisc's counters.
+netns_rate() {
+	ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "$3" burst 32kb latency 100ms || {
+		echo "SKIP: the tbf qdisc is not available here"
+		exit 77
+	}
+}
+
+netns_shaped() {
+	ip netns exec "$1" tc -s qdisc show dev "$2" | tr '\n' ' '
 }
