@@ -80,7 +80,7 @@ public:
         ringSize_ = ringSize;
         maxSlots_ = slots;
         shift_ = wire::creditShift(ringSize);
-        consumed_ = reported_ = 0;
+        consumed_ = reported_ = written_ = 0;
         slotsDue_ = 0;
         frozen_ = false;
     }
@@ -95,7 +95,7 @@ public:
     {
         ringSize_ = newSize;
         shift_ = wire::creditShift(newSize);
-        consumed_ = reported_ = 0;
+        consumed_ = reported_ = written_ = 0;
         frozen_ = false;
     }
 
@@ -103,12 +103,18 @@ public:
     void onSlotReposted() { slotsDue_++; }
     // The application consumed bytes from the ring.
     void onConsumed(uint64_t bytes) { consumed_ += bytes; }
+    // The peer wrote bytes into the ring.
+    void onWritten(uint64_t bytes) { written_ += bytes; }
+    // The peer has used all the ring credit it was given: it cannot write until some returns.
+    bool peerStarved() const { return written_ >= reported_ + ringSize_; }
 
     uint64_t ringDue() const { return frozen_ ? 0 : consumed_ - reported_; }
     uint64_t reported() const { return reported_; }
     uint32_t slotsDue() const { return slotsDue_; }
 
-    // Whether a CREDIT should go now: half the ring or half the slots are owed.
+    // Whether a CREDIT should go now: half the ring or half the slots are owed. (A peer that
+    // has used all its credit while less than half is owed back waits for the application to
+    // read on, or for the ring to grow, as a TCP sender waits for a window worth announcing.)
     bool due() const { return ringDue() >= ringSize_ / 2 || slotsDue_ >= maxSlots_ / 2; }
     // Whether anything at all is owed (used when flushing eagerly, e.g. on idle).
     bool any() const { return (ringDue() >> shift_) > 0 || slotsDue_ > 0; }
@@ -143,6 +149,7 @@ private:
     uint64_t ringSize_ = 0;
     uint64_t consumed_ = 0;
     uint64_t reported_ = 0;
+    uint64_t written_ = 0;
     uint32_t maxSlots_ = 0;
     uint32_t slotsDue_ = 0;
     unsigned shift_ = 0;

@@ -245,6 +245,7 @@ void Connection::handleWordLocked(uint32_t word, const uint8_t *record)
             return;
         }
         rx_.written += m->len;
+        local_.onWritten(m->len);
         rxEvents_.fetch_add(1, std::memory_order_relaxed);
         bytesReceived_.fetch_add(m->len, std::memory_order_relaxed);
         if (closing_) {
@@ -257,10 +258,12 @@ void Connection::handleWordLocked(uint32_t word, const uint8_t *record)
             // Discarded, as the kernel does after SHUT_RD, so the peer is not blocked.
             rx_.consumed = rx_.written;
             local_.onConsumed(m->len);
-        } else if (rx_.readable() >= rx_.size && growth_.recvEnabled()) {
-            // Full and unread: the peer waits for room the application may only make after it
-            // has written (request before reply, both ends writing first). The kernel would
-            // have buffered on; a bigger ring lets the peer go on.
+        } else if (local_.peerStarved() && growth_.recvEnabled()) {
+            // The peer has no room left, and what it wrote is (nearly all) unread: it waits for
+            // room the application may only make after it has written (request before reply,
+            // both ends writing first). The kernel would have buffered on; a bigger ring lets
+            // the peer go on. (Not only when full to the byte: a few bytes read, too few to be
+            // owed back, left both ends of a mid-stream switch waiting for each other.)
             maybeGrowRecvLocked(true);
         }
         break;

@@ -183,6 +183,32 @@ TEST(LocalCredits, InitialState)
     EXPECT_EQ(l.take(), 0u);
 }
 
+// The receiver knows when the peer has used all its ring credit (a few bytes read but too few
+// to be owed back count): then the ring grows. Before, only a ring full to the byte did, and a
+// reader that had read 9 bytes, against a peer that writes before it reads, hung both ends of a
+// mid-stream switch.
+TEST(LocalCredits, KnowsWhenThePeerHasNoCreditLeft)
+{
+    LocalCredits l;
+    l.init(32768, 256);
+    l.onWritten(32000);
+    l.onConsumed(9);
+    EXPECT_FALSE(l.peerStarved());
+    l.onWritten(768);
+    EXPECT_TRUE(l.peerStarved());
+    EXPECT_FALSE(l.due()); // 9 bytes: not worth a word of their own
+    l.onConsumed(16384);
+    ASSERT_TRUE(l.due());
+    wire::Message m = decodeCredit(l.take());
+    EXPECT_EQ(m.ringUnits, 16393u);
+    EXPECT_FALSE(l.peerStarved());
+    // The new ring starts with all of it the peer's.
+    l.onWritten(16393);
+    EXPECT_TRUE(l.peerStarved());
+    l.switchRing(65536);
+    EXPECT_FALSE(l.peerStarved());
+}
+
 TEST(LocalCredits, DueAtHalfTheRing)
 {
     LocalCredits l;
@@ -455,6 +481,7 @@ public:
             EXPECT_LE(to.rx.offset(to.rx.written) + m->len, to.ringSize)
                 << "write straddles the ring end";
             to.rx.written += m->len;
+            to.local.onWritten(m->len);
             to.dataReceived += m->len;
             break;
         case wire::Op::Credit:
