@@ -56,6 +56,7 @@ protected:
             ev.events = EPOLLIN;
             ASSERT_EQ(b->epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev), 0);
         }
+        const std::vector<uint8_t> big(what == Blocked::Send ? 16u << 20 : 0, 1);
         std::atomic<bool> done{false};
         std::thread t([&, c = c] {
             switch (what) {
@@ -63,7 +64,9 @@ protected:
                 b->recv(c, buf.data(), buf.size(), 0);
                 break;
             case Blocked::Send:
-                b->send(c, buf.data(), buf.size(), MSG_NOSIGNAL);
+                // More than the window opens by meanwhile (Linux 6.18 grows a receive buffer
+                // nobody reads slowly: a 256 KiB send found room).
+                b->send(c, big.data(), big.size(), MSG_NOSIGNAL);
                 break;
             case Blocked::Poll: {
                 pollfd p{c, POLLIN, 0};
