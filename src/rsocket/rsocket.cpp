@@ -56,6 +56,13 @@ std::shared_ptr<Socket> resolve(int fd)
     return sockets().get(fd);
 }
 
+// Why fd is no rsocket: -ENOTSOCK when it is open (a pipe, a file, a kernel socket), as the
+// kernel answers a socket call on a descriptor that is no socket, else -EBADF.
+int notOurs(int fd)
+{
+    return sys::fcntl(fd, F_GETFD) >= 0 ? -ENOTSOCK : -EBADF;
+}
+
 std::shared_ptr<Pollable> resolvePollable(int fd)
 {
     return sockets().get(fd);
@@ -99,7 +106,7 @@ ssize_t doSend(int fd, const iovec *iov, int iovcnt, int flags)
 {
     auto s = resolve(fd);
     if (!s)
-        return -EBADF;
+        return notOurs(fd);
     if (iovcnt < 0 || iovcnt > IOV_MAX)
         return -EINVAL;
     ssize_t r = s->send(iov, iovcnt, flags);
@@ -112,7 +119,7 @@ ssize_t doRecv(int fd, const iovec *iov, int iovcnt, int flags)
 {
     auto s = resolve(fd);
     if (!s)
-        return -EBADF;
+        return notOurs(fd);
     if (iovcnt < 0 || iovcnt > IOV_MAX)
         return -EINVAL;
     return s->recv(iov, iovcnt, flags);
@@ -141,7 +148,7 @@ __attribute__((visibility("default"))) int rbind(int socket, const struct sockad
 {
     return boundary([&]() -> int {
         auto s = resolve(socket);
-        return s ? s->bind(addr, addrlen) : -EBADF;
+        return s ? s->bind(addr, addrlen) : notOurs(socket);
     });
 }
 
@@ -149,7 +156,7 @@ __attribute__((visibility("default"))) int rlisten(int socket, int backlog)
 {
     return boundary([&]() -> int {
         auto s = resolve(socket);
-        return s ? s->listen(backlog) : -EBADF;
+        return s ? s->listen(backlog) : notOurs(socket);
     });
 }
 
@@ -160,7 +167,7 @@ __attribute__((visibility("default"))) int raccept(int socket, struct sockaddr *
     return boundary([&]() -> int {
         auto s = resolve(socket);
         if (!s)
-            return -EBADF;
+            return notOurs(socket);
         // The descriptor first, as Linux does: at RLIMIT_NOFILE accept fails with EMFILE and
         // the connection stays queued, rather than being taken and dropped.
         int fd = placeholder(s->family(), SOCK_CLOEXEC);
@@ -182,7 +189,7 @@ __attribute__((visibility("default"))) int rconnect(int socket, const struct soc
     pthread_testcancel();
     return boundary([&]() -> int {
         auto s = resolve(socket);
-        return s ? s->connect(addr, addrlen) : -EBADF;
+        return s ? s->connect(addr, addrlen) : notOurs(socket);
     });
 }
 
@@ -190,7 +197,7 @@ __attribute__((visibility("default"))) int rshutdown(int socket, int how)
 {
     return boundary([&]() -> int {
         auto s = resolve(socket);
-        return s ? s->shutdown(how) : -EBADF;
+        return s ? s->shutdown(how) : notOurs(socket);
     });
 }
 
@@ -336,7 +343,7 @@ __attribute__((visibility("default"))) int rgetpeername(int socket, struct socka
 {
     return boundary([&]() -> int {
         auto s = resolve(socket);
-        return s ? s->peerAddress(addr, addrlen) : -EBADF;
+        return s ? s->peerAddress(addr, addrlen) : notOurs(socket);
     });
 }
 
@@ -345,7 +352,7 @@ __attribute__((visibility("default"))) int rgetsockname(int socket, struct socka
 {
     return boundary([&]() -> int {
         auto s = resolve(socket);
-        return s ? s->localAddress(addr, addrlen) : -EBADF;
+        return s ? s->localAddress(addr, addrlen) : notOurs(socket);
     });
 }
 
@@ -354,7 +361,7 @@ __attribute__((visibility("default"))) int rsetsockopt(int socket, int level, in
 {
     return boundary([&]() -> int {
         auto s = resolve(socket);
-        return s ? s->setsockopt(level, optname, optval, optlen) : -EBADF;
+        return s ? s->setsockopt(level, optname, optval, optlen) : notOurs(socket);
     });
 }
 
@@ -363,7 +370,7 @@ __attribute__((visibility("default"))) int rgetsockopt(int socket, int level, in
 {
     return boundary([&]() -> int {
         auto s = resolve(socket);
-        return s ? s->getsockopt(level, optname, optval, optlen) : -EBADF;
+        return s ? s->getsockopt(level, optname, optval, optlen) : notOurs(socket);
     });
 }
 
@@ -376,7 +383,7 @@ __attribute__((visibility("default"))) int rfcntl(int socket, int cmd, ...)
     return boundary([&]() -> int {
         auto s = resolve(socket);
         if (!s)
-            return -EBADF;
+            return -EBADF; // (fcntl is no socket call: nothing to say of other descriptors)
         switch (cmd) {
         case F_GETFL: {
             int fl = sys::fcntl(socket, F_GETFL);
@@ -404,7 +411,7 @@ __attribute__((visibility("default"))) off_t riomap(int socket, void *buf, size_
 {
     return boundary([&]() -> off_t {
         auto s = resolve(socket);
-        return s ? s->riomap(buf, len, prot, flags, offset) : -EBADF;
+        return s ? s->riomap(buf, len, prot, flags, offset) : notOurs(socket);
     });
 }
 
@@ -412,7 +419,7 @@ __attribute__((visibility("default"))) int riounmap(int socket, void *buf, size_
 {
     return boundary([&]() -> int {
         auto s = resolve(socket);
-        return s ? s->riounmap(buf, len) : -EBADF;
+        return s ? s->riounmap(buf, len) : notOurs(socket);
     });
 }
 
@@ -424,7 +431,7 @@ __attribute__((visibility("default"))) size_t riowrite(int socket, const void *b
     ssize_t r = boundary([&]() -> ssize_t {
         auto s = resolve(socket);
         if (!s)
-            return -EBADF;
+            return notOurs(socket);
         ssize_t n = s->riowrite(buf, count, offset, flags);
         if (n == -EPIPE && !(flags & MSG_NOSIGNAL))
             pthread_kill(pthread_self(), SIGPIPE); // it behaves like rwrite

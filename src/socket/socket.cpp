@@ -28,9 +28,14 @@ long readSysctl(const char *path, long fallback)
 
 int Socket::create(int domain, int type, int protocol, std::shared_ptr<Socket> *out)
 {
+    // As Linux: flags other than these, or a type past the last one, are invalid; a valid type
+    // other than a stream is not supported here.
+    constexpr int kTypeMask = 0xf, kTypeMax = 10; // SOCK_TYPE_MASK, SOCK_PACKET
+    if ((type & ~kTypeMask & ~(SOCK_NONBLOCK | SOCK_CLOEXEC)) || (type & kTypeMask) > kTypeMax)
+        return -EINVAL;
     if (domain != AF_INET && domain != AF_INET6)
         return -EAFNOSUPPORT;
-    if ((type & ~(SOCK_NONBLOCK | SOCK_CLOEXEC)) != SOCK_STREAM)
+    if ((type & kTypeMask) != SOCK_STREAM)
         return -EPROTONOSUPPORT;
     if (protocol != 0 && protocol != IPPROTO_TCP)
         return -EPROTONOSUPPORT;
@@ -225,6 +230,9 @@ void Socket::refreshConnectLocked()
 
 int Socket::connect(const sockaddr *addr, socklen_t len)
 {
+    // The kernel copies the address in before it looks at the socket.
+    if (len > sizeof(sockaddr_storage))
+        return -EINVAL;
     std::shared_ptr<Connection> conn;
     {
         std::lock_guard<std::mutex> lock(mutex_);

@@ -135,7 +135,7 @@ private:
     struct Option;
     static const Option *findOption(int level, int name);
     // -ENOPROTOOPT for a level a socket of this family has no options at.
-    int checkLevel(int level) const;
+    int checkLevel(int level, bool get) const; // 0, or the errno Linux gives for level
     void inheritOptionsLocked(Socket *s) const;
     // TCP_INFO, read outside the mutex (conn as it was under it).
     int tcpInfo(const std::shared_ptr<Connection> &conn, void *val, socklen_t *len);

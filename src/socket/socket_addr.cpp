@@ -65,6 +65,8 @@ int probeBind(int family, bool v6Only, bool reuseAddr, const sockaddr *addr, soc
 
 int checkAddress(int family, const sockaddr *addr, socklen_t len)
 {
+    if (len > sizeof(sockaddr_storage))
+        return -EINVAL;
     if (!addr)
         return -EFAULT;
     if (family == AF_INET) {

@@ -354,7 +354,7 @@ const Socket::Option *Socket::findOption(int level, int name)
 int Socket::setsockopt(int level, int name, const void *val, socklen_t len)
 {
     std::lock_guard<std::mutex> lock(mutex_);
-    int ret = checkLevel(level);
+    int ret = checkLevel(level, false);
     if (ret < 0)
         return ret;
     const Option *o = findOption(level, name);
@@ -395,7 +395,7 @@ int Socket::getsockopt(int level, int name, void *val, socklen_t *len)
         std::lock_guard<std::mutex> lock(mutex_);
         refreshConnectLocked();
         conn = conn_;
-        int ret = checkLevel(level);
+        int ret = checkLevel(level, true);
         if (ret < 0)
             return ret;
         const Option *o = findOption(level, name);
@@ -472,8 +472,11 @@ int Socket::tcpInfo(const std::shared_ptr<Connection> &conn, void *val, socklen_
     return fillTcpInfo(f, val, len);
 }
 
-int Socket::checkLevel(int level) const
+int Socket::checkLevel(int level, bool get) const
 {
+    // Linux's TCP hands a level it does not know to IP, which refuses a set with ENOPROTOOPT and
+    // a get with EOPNOTSUPP.
+    const int unknown = get ? -EOPNOTSUPP : -ENOPROTOOPT;
     switch (level) {
     case SOL_SOCKET:
     case IPPROTO_TCP:
@@ -481,9 +484,9 @@ int Socket::checkLevel(int level) const
     case kSolRdma:
         return 0;
     case IPPROTO_IPV6:
-        return family_ == AF_INET6 ? 0 : -ENOPROTOOPT;
+        return family_ == AF_INET6 ? 0 : unknown;
     default:
-        return -ENOPROTOOPT;
+        return unknown;
     }
 }
 

@@ -112,12 +112,10 @@ TEST_P(BadInput, UseAfterClose)
     EXPECT_EQ(b->recv(s, &ch, 1, 0), 0);
 }
 
-// Where librstream's errno differs from the kernel's (found by these tests, not fixed yet): a
-// pipe's descriptor gives EBADF instead of ENOTSOCK, a connect address longer than
-// sockaddr_storage ECONNREFUSED instead of EINVAL, socket() of an unknown type EPROTONOSUPPORT
-// instead of EINVAL, getsockopt at an unknown level ENOPROTOOPT instead of EOPNOTSUPP. Run with
-// --gtest_also_run_disabled_tests; enable once fixed.
-TEST_P(BadInput, DISABLED_KnownDifferences)
+// An address longer than sockaddr_storage, socket() of an unknown type, getsockopt at an
+// unknown level: librstream gave ECONNREFUSED, EPROTONOSUPPORT and ENOPROTOOPT (found by these
+// tests).
+TEST_P(BadInput, AddressLengthTypeAndLevel)
 {
     int fd = newSocket();
     auto a = loopback4(1);
@@ -131,8 +129,8 @@ TEST_P(BadInput, DISABLED_KnownDifferences)
     EXPECT_EQ(res(b->getsockopt(fd, 12345, 1, &v, &len)), kFail(EOPNOTSUPP));
 }
 
-// A pipe's descriptor is no socket: ENOTSOCK from every socket call.
-TEST_P(BadInput, DISABLED_NonSocketDescriptor)
+// A pipe's descriptor is no socket: ENOTSOCK from every socket call (librstream said EBADF).
+TEST_P(BadInput, NonSocketDescriptor)
 {
     int p[2];
     ASSERT_EQ(pipe(p), 0);
