@@ -43,7 +43,15 @@ stop_echo() {
 		kill -0 "$server_pid" 2>/dev/null || break
 		sleep 0.1
 	done
-	kill -0 "$server_pid" 2>/dev/null && fail "the server did not exit within 10 s of TERM"
+	if kill -0 "$server_pid" 2>/dev/null; then
+		# Where it is stuck, for whoever reads the log.
+		if command -v gdb >/dev/null; then
+			for p in $(ip netns pids "$NS_A"); do
+				gdb -p "$p" -batch -ex "thread apply all bt 16" 2>/dev/null | grep -E '^(#|Thread)'
+			done
+		fi
+		fail "the server did not exit within 10 s of TERM"
+	fi
 	finish "$server_pid" || rc=$?
 	[ "$rc" -eq 0 ] || fail "the server exited with status $rc after TERM"
 }

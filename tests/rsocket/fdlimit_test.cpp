@@ -39,7 +39,19 @@ private:
     rlimit saved_{};
 };
 
-using Fdlimit = BackendTest;
+class Fdlimit : public BackendTest
+{
+protected:
+    void SetUp() override
+    {
+#ifdef __SANITIZE_ADDRESS__
+        // The sanitizer build also has UBSan's vptr check, whose runtime opens a pipe to see
+        // whether memory is readable: at the limit that fails, and it reports a false error.
+        GTEST_SKIP() << "UBSan's vptr check needs descriptors of its own";
+#endif
+        BackendTest::SetUp();
+    }
+};
 
 } // namespace
 
