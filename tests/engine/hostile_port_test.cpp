@@ -29,9 +29,11 @@
 #include "connection.h"
 #include "listener.h"
 #include "net.h"
+#include "proc.h"
 #include "wire.h"
 
 using namespace rstream;
+using rstest::countFds;
 using rstest::loopback4;
 
 namespace {
@@ -85,22 +87,7 @@ std::vector<uint8_t> connRequest(const std::vector<uint8_t> &data)
     return r;
 }
 
-size_t residentBytes()
-{
-    std::ifstream f("/proc/self/statm");
-    size_t pages = 0, resident = 0;
-    f >> pages >> resident;
-    return resident * static_cast<size_t>(sysconf(_SC_PAGESIZE));
-}
 
-int countFds()
-{
-    int n = 0;
-    for (int fd = 0; fd < 4096; fd++)
-        if (fcntl(fd, F_GETFD) >= 0)
-            n++;
-    return n;
-}
 
 // Lines of the rstream log that contain what.
 int logLines(const char *what)
@@ -469,13 +456,13 @@ TEST_F(HostilePort, GarbageConnectsKeepMemoryBounded)
     for (int i = 0; i < 20; i++)
         garbageConnect(i);
     expectNothingAccepted();
-    const size_t rssBefore = residentBytes();
+    const long rssBefore = rstest::rssKiB();
     const int fdsBefore = countFds();
     for (int i = 0; i < 200; i++)
         garbageConnect(i);
     expectNothingAccepted();
-    const size_t rssAfter = residentBytes();
-    const long growthKiB = (long(rssAfter) - long(rssBefore)) / 1024;
+    const long rssAfter = rstest::rssKiB();
+    const long growthKiB = rssAfter - rssBefore;
     RecordProperty("rss_growth_kib", std::to_string(growthKiB));
     EXPECT_LT(growthKiB, 4 * 1024);
     // The provider closes what it dropped by the time it answers; give it a moment anyway.

@@ -52,6 +52,16 @@ protected:
         return false;
     }
 
+    // Maps window on a as a riomap() window and waits until the peer has its record.
+    static wire::IoMapRecord mapKnown(Connection *a, RawPeer *peer, std::vector<uint8_t> &window)
+    {
+        off_t off = -1;
+        EXPECT_EQ(a->mapWindow(window.data(), window.size(), true, -1, &off), 0);
+        const wire::IoMapRecord rec = awaitRecord(peer, a);
+        EXPECT_EQ(rec.length, window.size());
+        return rec;
+    }
+
     // The IOMAP record the peer got for a window of ours.
     static wire::IoMapRecord awaitRecord(RawPeer *peer, Connection *c)
     {
@@ -153,10 +163,7 @@ TEST_P(RemoteAccess, UnmapWaitsForThePeersAnswer)
     auto a = acceptRaw(&peer, settings(), 4);
     ASSERT_TRUE(a);
     std::vector<uint8_t> window(4096, 0);
-    off_t off = -1;
-    ASSERT_EQ(a->mapWindow(window.data(), window.size(), true, -1, &off), 0);
-    const wire::IoMapRecord rec = awaitRecord(&peer, a.get());
-    ASSERT_EQ(rec.length, window.size());
+    const wire::IoMapRecord rec = mapKnown(a.get(), &peer, window);
     std::atomic<int64_t> tookMs{-1};
     std::thread unmapper([&] {
         const auto t0 = Clock::now();
@@ -193,9 +200,7 @@ TEST_P(RemoteAccess, UnmapResetsAPeerThatNeverAnswers)
     auto a = acceptRaw(&peer, s, 4);
     ASSERT_TRUE(a);
     std::vector<uint8_t> window(4096, 0);
-    off_t off = -1;
-    ASSERT_EQ(a->mapWindow(window.data(), window.size(), true, -1, &off), 0);
-    const wire::IoMapRecord rec = awaitRecord(&peer, a.get());
+    const wire::IoMapRecord rec = mapKnown(a.get(), &peer, window);
     const auto t0 = Clock::now();
     EXPECT_EQ(a->unmapWindow(window.data(), window.size()), 0);
     const int64_t took = msSince(t0);
@@ -215,9 +220,7 @@ TEST_P(RemoteAccess, UnmappedForNoWithdrawalIsReset)
     auto a = acceptRaw(&peer, settings(), 4);
     ASSERT_TRUE(a);
     std::vector<uint8_t> window(4096, 0);
-    off_t off = -1;
-    ASSERT_EQ(a->mapWindow(window.data(), window.size(), true, -1, &off), 0);
-    awaitRecord(&peer, a.get());
+    mapKnown(a.get(), &peer, window);
     peer.send(wire::encodeCtrl(wire::Ctrl::Unmapped));
     uint8_t b;
     EXPECT_EQ(a->recv(&b, 1, 0, 5000), -ECONNRESET);
@@ -231,9 +234,7 @@ TEST_P(RemoteAccess, CloseWaitsForTheAnswerToo)
     auto a = acceptRaw(&peer, settings(), 4);
     ASSERT_TRUE(a);
     std::vector<uint8_t> window(4096, 0);
-    off_t off = -1;
-    ASSERT_EQ(a->mapWindow(window.data(), window.size(), true, -1, &off), 0);
-    awaitRecord(&peer, a.get());
+    mapKnown(a.get(), &peer, window);
     std::atomic<bool> closed{false};
     std::thread closer([&] {
         Connection::close(std::move(a));

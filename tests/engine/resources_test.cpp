@@ -28,37 +28,17 @@
 #include "connection.h"
 #include "listener.h"
 #include "net.h"
+#include "proc.h"
 
 using namespace rstream;
+using rstest::countFds;
+using rstest::trimmedRssKiB;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int countFds()
-{
-    int n = 0;
-    if (DIR *d = opendir("/proc/self/fd")) {
-        while (dirent *e = readdir(d))
-            if (e->d_name[0] != '.')
-                n++;
-        closedir(d);
-    }
-    return n - 1; // the directory's own fd
-}
 
-// RSS once malloc has given back what it keeps of freed blocks: what was not freed.
-long trimmedRssKiB()
-{
-    malloc_trim(0);
-    long pages = 0, resident = 0;
-    if (FILE *f = fopen("/proc/self/statm", "r")) {
-        if (fscanf(f, "%ld %ld", &pages, &resident) != 2)
-            resident = 0;
-        fclose(f);
-    }
-    return resident * (sysconf(_SC_PAGESIZE) / 1024);
-}
 
 // What this process's descriptors are, for a failure message.
 std::string describeFds()

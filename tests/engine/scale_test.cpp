@@ -30,8 +30,12 @@
 #include "connection.h"
 #include "listener.h"
 #include "net.h"
+#include "proc.h"
 
 using namespace rstream;
+using rstest::countFds;
+using rstest::cpuSeconds;
+using rstest::rssKiB;
 
 namespace {
 
@@ -42,38 +46,8 @@ double secondsSince(Clock::time_point t0)
     return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-int countFds()
-{
-    int n = 0;
-    if (DIR *d = opendir("/proc/self/fd")) {
-        while (dirent *e = readdir(d))
-            if (e->d_name[0] != '.')
-                n++;
-        closedir(d);
-    }
-    return n - 1; // the directory's own fd
-}
 
-long rssKiB()
-{
-    long kib = 0;
-    if (FILE *f = fopen("/proc/self/status", "r")) {
-        char line[256];
-        while (fgets(line, sizeof(line), f))
-            if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
-                break;
-        fclose(f);
-    }
-    return kib;
-}
 
-double cpuSeconds()
-{
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-           double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
 
 long envLong(const char *name, long dflt)
 {
