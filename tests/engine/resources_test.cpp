@@ -454,9 +454,9 @@ struct SoakServer
 // children hung in a malloc in most runs (seen: all three children of a round waiting in
 // SizeClassAllocator64::GetFromAllocator, with no thread left to unlock it; the round's server
 // thread had just started, and a new thread's first allocations take those locks), leaving the
-// server's recv of the header to time out and the parent blocked on the child. A fork child also starts with
-// the parent's Connection::liveCount(), connections it will never destroy (afterFork lets the
-// parent's adopted ones go), which read as a closed connection of its own left alive.
+// server's recv of the header to time out and the parent blocked on the child. A fork child also
+// starts with the parent's Connection::liveCount(), connections it will never destroy (afterFork
+// lets the parent's adopted ones go), which read as a closed connection of its own left alive.
 // posix_spawn runs nothing of this process in the child but the exec.
 constexpr char kSoakClientEnv[] = "RSTREAM_SOAK_CLIENT"; // "port seconds seed"
 
@@ -548,8 +548,8 @@ TEST_F(Resources, SoakLeavesNothingBehind)
         for (size_t p = 0; p < pids.size(); p++) {
             int status = 0, count = 0;
             pollfd pfd{pipes[p], POLLIN, 0};
-            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                deadline - Clock::now());
+            const auto left =
+                std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
             if (poll(&pfd, 1, int(std::max<int64_t>(0, left.count()))) != 1) {
                 ADD_FAILURE() << "soak client " << p << " did not finish: killed";
                 kill(pids[p], SIGKILL);
