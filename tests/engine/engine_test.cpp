@@ -844,19 +844,23 @@ TEST(EngineKeepalive, PeerProcess)
 TEST_P(EngineTest, KeepaliveDetectsAPeerThatStopsAnswering)
 {
     auto l = listen(settings());
+    // Set here, not in the child: between fork and exec the child may not allocate (under ASan
+    // an allocator lock another thread held at the fork stays held in the child).
+    const std::string port = std::to_string(port_);
+    setenv("RSTREAM_TEST_PEER_PORT", port.c_str(), 1);
+    setenv("RSTREAM_TEST_PEER_MODE", GetParam().name, 1);
     pid_t pid = fork();
-    ASSERT_GE(pid, 0);
     if (pid == 0) {
         // A fresh process image: the peer must have a progress thread of its own.
-        std::string port = std::to_string(port_);
-        setenv("RSTREAM_TEST_PEER_PORT", port.c_str(), 1);
-        setenv("RSTREAM_TEST_PEER_MODE", GetParam().name, 1);
         int null = open("/dev/null", O_WRONLY);
         dup2(null, 1);
         execl("/proc/self/exe", "engine_test", "--gtest_filter=EngineKeepalive.PeerProcess",
               nullptr);
         _exit(127);
     }
+    unsetenv("RSTREAM_TEST_PEER_PORT");
+    unsetenv("RSTREAM_TEST_PEER_MODE");
+    ASSERT_GE(pid, 0);
     std::unique_ptr<Connection> s;
     ASSERT_EQ(l->accept(&s, false, 10000), 0);
     ASSERT_EQ(s->setKeepalive(true, 1, 1, 2), 0);
