@@ -39,32 +39,12 @@ extern char **environ;
 
 using namespace rstream;
 using rstest::countFds;
+using rstest::describeFds;
 using rstest::trimmedRssKiB;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-
-
-// What this process's descriptors are, for a failure message.
-std::string describeFds()
-{
-    std::string out;
-    if (DIR *d = opendir("/proc/self/fd")) {
-        while (dirent *e = readdir(d)) {
-            if (e->d_name[0] == '.')
-                continue;
-            char path[300], target[256];
-            snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
-            ssize_t n = readlink(path, target, sizeof(target) - 1);
-            target[n > 0 ? n : 0] = 0;
-            out += std::string(e->d_name) + "=" + target + " ";
-        }
-        closedir(d);
-    }
-    return out;
-}
 
 long envLong(const char *name, long dflt)
 {

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <dirent.h>
 #include <malloc.h>
+#include <string>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -21,6 +22,25 @@ inline int countFds()
         closedir(d);
     }
     return n - 1; // the directory's own fd
+}
+
+// What this process's descriptors are ("fd=target "), for a failure message.
+inline std::string describeFds()
+{
+    std::string out;
+    if (DIR *d = opendir("/proc/self/fd")) {
+        while (dirent *e = readdir(d)) {
+            if (e->d_name[0] == '.')
+                continue;
+            char path[300], target[256];
+            std::snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+            ssize_t n = readlink(path, target, sizeof(target) - 1);
+            target[n > 0 ? n : 0] = 0;
+            out += std::string(e->d_name) + "=" + target + " ";
+        }
+        closedir(d);
+    }
+    return out;
 }
 
 // Resident memory in KiB.
