@@ -32,8 +32,8 @@ struct Settings
     // riounmap() and close() with windows wait this long for the peer's UNMAPPED (its engine
     // answers at once), then reset the connection: either way no write lands after they return.
     int unmapTimeoutMs = 5000;
-    bool iwarp = false;          // force RMA write + small send instead of write with immediate
-    bool strict = false;         // ask the provider for verbs-shaped MR semantics (tests)
+    bool iwarp = false;  // force RMA write + small send instead of write with immediate
+    bool strict = false; // ask the provider for verbs-shaped MR semantics (tests)
     // The preload shim's sockets: a connect says it can take a Defer refusal (and upgrade
     // in-band); a listener defers such connects from other processes (listener.h).
     bool upgrade = false;

@@ -304,8 +304,8 @@ bool Connection::waitsForPeerLocked() const
 {
     return state_ == State::Connected && !error_ && !closed_ && !closing_ && tx_.unsent() > 0 &&
            !peer_.canSendData() && tx_.inFlight() == 0 && txOps_.empty() &&
-           !txOps_.injectPending() && !local_.due() && !kaAckOwed_ && !unmappedOwed_ && windows_.recordsEmpty() &&
-           !(shutWr_ && !shutWrSent_);
+           !txOps_.injectPending() && !local_.due() && !kaAckOwed_ && !unmappedOwed_ &&
+           windows_.recordsEmpty() && !(shutWr_ && !shutWrSent_);
 }
 
 void Connection::watch()

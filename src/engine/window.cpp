@@ -92,8 +92,7 @@ int Connection::unmapWindow(void *buf, size_t len)
 
 bool Connection::peerMayWriteLocked() const
 {
-    return (state_ == State::Connected || state_ == State::Accepting) && !error_ && !closed_ &&
-           ep_;
+    return (state_ == State::Connected || state_ == State::Accepting) && !error_ && !closed_ && ep_;
 }
 
 void Connection::awaitWithdrawalsLocked(std::unique_lock<std::mutex> &lock)

@@ -87,8 +87,6 @@ std::vector<uint8_t> connRequest(const std::vector<uint8_t> &data)
     return r;
 }
 
-
-
 // Lines of the rstream log that contain what.
 int logLines(const char *what)
 {

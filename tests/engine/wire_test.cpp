@@ -21,9 +21,8 @@ using namespace rstream::wire;
 namespace {
 
 // (GROW needs its argument: WireCtrl.GrowCarries...)
-constexpr Ctrl kAllCtrls[] = {Ctrl::ShutWr,       Ctrl::Disconnect, Ctrl::Reset,
-                              Ctrl::Keepalive,    Ctrl::KeepaliveAck, Ctrl::Switch,
-                              Ctrl::Unmapped};
+constexpr Ctrl kAllCtrls[] = {Ctrl::ShutWr,       Ctrl::Disconnect, Ctrl::Reset,   Ctrl::Keepalive,
+                              Ctrl::KeepaliveAck, Ctrl::Switch,     Ctrl::Unmapped};
 
 uint32_t makeWord(uint32_t op, uint32_t payload)
 {
