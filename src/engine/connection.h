@@ -277,10 +277,10 @@ private:
     bool canWriteWindowLocked() const;
     // The peer may write into our windows: it knows them and the endpoint is up.
     bool peerMayWriteLocked() const;
-    // Waits (unlocking) until the withdrawals queued so far are answered, the connection is
-    // down, or unmapTimeoutMs passed (then it is reset): no write of the peer's lands in a
-    // withdrawn window afterwards.
-    void awaitWithdrawalsLocked(std::unique_lock<std::mutex> &lock);
+    // The windows just taken out of the table had queued withdrawals: sends them and waits
+    // (unlocking) until they are answered, the connection is down, or unmapTimeoutMs passed
+    // (then it is reset), so that no write of the peer's lands in them afterwards.
+    void withdrawLocked(std::unique_lock<std::mutex> &lock, uint32_t queued);
     // Withdraws every window of ours and waits as above, then closes their regions.
     void releaseWindowsLocked(std::unique_lock<std::mutex> &lock);
     void onTxCompleteLocked(TxOp *op);

@@ -77,12 +77,7 @@ int Connection::unmapWindow(void *buf, size_t len)
     if (!w)
         return -EINVAL;
     fid_mr *mr = w->mr;
-    if (windows_.removeLocal(w, peerMayWriteLocked())) {
-        withdrawalsQueued_++;
-        flushLocked(false);
-        watch();
-        awaitWithdrawalsLocked(lock);
-    }
+    withdrawLocked(lock, windows_.removeLocal(w, peerMayWriteLocked()) ? 1 : 0);
     // The peer never knew the window, has answered for it, or can write no more (its endpoint
     // is down): the memory is the application's again.
     if (mr)
@@ -95,8 +90,13 @@ bool Connection::peerMayWriteLocked() const
     return (state_ == State::Connected || state_ == State::Accepting) && !error_ && !closed_ && ep_;
 }
 
-void Connection::awaitWithdrawalsLocked(std::unique_lock<std::mutex> &lock)
+void Connection::withdrawLocked(std::unique_lock<std::mutex> &lock, uint32_t queued)
 {
+    if (queued == 0)
+        return;
+    withdrawalsQueued_ += queued;
+    flushLocked(false);
+    watch();
     // The provider may still be placing a write the peer posted before it learned of the
     // withdrawal (the tcp provider checks a write's key when its header arrives and then keeps
     // receiving its payload into that memory): only the peer's UNMAPPED, which its provider
@@ -204,22 +204,10 @@ void Connection::releaseWindowsLocked(std::unique_lock<std::mutex> &lock)
 {
     // As riounmap() for each: withdrawn in the stream, answered, then closed.
     std::vector<fid_mr *> mrs;
-    bool told = false;
-    const bool tell = peerMayWriteLocked();
-    while (!windows_.local().empty()) {
-        const LocalWindow &last = windows_.local().back();
-        LocalWindow *w = windows_.findLocal(last.buf, last.len);
-        if (w->mr)
-            mrs.push_back(w->mr);
-        if (windows_.removeLocal(w, tell)) {
-            withdrawalsQueued_++;
-            told = true;
-        }
-    }
-    if (told) {
-        flushLocked(false);
-        awaitWithdrawalsLocked(lock);
-    }
+    for (const LocalWindow &w : windows_.local())
+        if (w.mr)
+            mrs.push_back(w.mr);
+    withdrawLocked(lock, windows_.removeAllLocal(peerMayWriteLocked()));
     for (fid_mr *mr : mrs)
         fi_close(&mr->fid);
 }

@@ -70,11 +70,12 @@ bool WindowTable::removeLocal(LocalWindow *w, bool tell)
     return told;
 }
 
-void WindowTable::clearLocal()
+uint32_t WindowTable::removeAllLocal(bool tell)
 {
-    local_.clear();
-    records_.clear();
-    std::fill(idUsed_.begin(), idUsed_.end(), false);
+    uint32_t told = 0;
+    while (!local_.empty())
+        told += removeLocal(&local_.back(), tell) ? 1 : 0;
+    return told;
 }
 
 int WindowTable::onPeerRecord(uint32_t id, const uint8_t *record, bool virtAddr, const char **why)

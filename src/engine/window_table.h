@@ -61,8 +61,9 @@ public:
     // peer is told when tell is set. true when a withdrawal was queued (the peer will answer it).
     bool removeLocal(LocalWindow *w, bool tell);
     const std::vector<LocalWindow> &local() const { return local_; }
-    // All of ours go (their regions closed by the caller), with the records not sent yet.
-    void clearLocal();
+    // All of ours go, as removeLocal() takes each (their regions closed by the caller); the
+    // number of withdrawals queued.
+    uint32_t removeAllLocal(bool tell);
 
     // Records in stream order, not sent yet; at most two per id.
     bool recordsEmpty() const { return records_.empty(); }

@@ -103,17 +103,27 @@ TEST(WindowTable, RecordsGoInOrderAndAnUnsentAnnouncementIsDropped)
     EXPECT_TRUE(t.local().empty());
 }
 
-TEST(WindowTable, ClearLocalFreesEverything)
+TEST(WindowTable, RemoveAllLocalFreesEverything)
 {
     WindowTable t;
-    t.init(1, 0);
+    t.init(2, 0);
     t.addRemote({nullptr, 10, 0, &gMr[0], 0}, record(0, 10));
     uint32_t id;
+    ASSERT_TRUE(t.freeId(&id));
+    EXPECT_EQ(id, 1u);
+    t.addRemote({nullptr, 10, 100, &gMr[1], 1}, record(100, 10));
     EXPECT_FALSE(t.freeId(&id));
-    t.clearLocal();
+    // The first one's announcement went; the second's is still queued.
+    t.popRecord();
+    EXPECT_EQ(t.removeAllLocal(true), 1u);
     EXPECT_TRUE(t.local().empty());
-    EXPECT_TRUE(t.recordsEmpty());
     EXPECT_TRUE(t.freeId(&id));
+    // Only the announced window is withdrawn; the other's announcement was dropped unsent.
+    ASSERT_FALSE(t.recordsEmpty());
+    EXPECT_EQ(t.nextRecord().id, 0u);
+    EXPECT_EQ(t.nextRecord().rec.length, 0u);
+    t.popRecord();
+    EXPECT_TRUE(t.recordsEmpty());
 }
 
 TEST(WindowTable, PeerWindowsAreFoundByOffsetAndLength)
