@@ -20,7 +20,6 @@
 #include <poll.h>
 #include <random>
 #include <signal.h>
-#include <spawn.h>
 #include <string>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -28,14 +27,13 @@
 #include <unistd.h>
 #include <vector>
 
-extern char **environ;
-
 #include <gtest/gtest.h>
 
 #include "connection.h"
 #include "listener.h"
 #include "net.h"
 #include "proc.h"
+#include "respawn.h"
 
 using namespace rstream;
 using rstest::countFds;
@@ -423,40 +421,19 @@ constexpr char kSoakClientEnv[] = "RSTREAM_SOAK_CLIENT"; // "port seconds seed"
 // Starts a soak client that writes its count of connections to *resultFd; its pid or -errno.
 pid_t spawnSoakClient(uint16_t port, double seconds, unsigned seed, int *resultFd)
 {
-    char exe[4096];
-    const ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (len <= 0)
-        return -errno;
-    exe[len] = 0;
     int fd[2];
     if (pipe2(fd, O_CLOEXEC) < 0)
         return -errno;
     char arg[128];
     snprintf(arg, sizeof(arg), "%s=%u %.3f %u", kSoakClientEnv, unsigned(port), seconds, seed);
-    std::vector<char *> env;
-    for (char **e = environ; *e; e++)
-        if (strncmp(*e, kSoakClientEnv, sizeof(kSoakClientEnv) - 1) != 0)
-            env.push_back(*e);
-    env.push_back(arg);
-    env.push_back(nullptr);
-    char filter[] = "--gtest_filter=SoakClient.DISABLED_Run";
-    char disabled[] = "--gtest_also_run_disabled_tests";
-    char *argv[] = {exe, filter, disabled, nullptr};
-    // The result on fd 3; nothing else of this process's (its listener, its connections'
-    // sockets: a socket a child holds open sends no FIN when this process closes it); gtest's
-    // chatter to /dev/null, the client's errors and sanitizer reports to stderr.
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fd[1], 3);
-    posix_spawn_file_actions_addclosefrom_np(&fa, 4);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    pid_t pid = -1;
-    const int r = posix_spawn(&pid, exe, &fa, nullptr, argv, env.data());
-    posix_spawn_file_actions_destroy(&fa);
+    // The result on fd 3; gtest's chatter to /dev/null, the client's errors and sanitizer
+    // reports to stderr.
+    const pid_t pid =
+        rstest::spawnSelf("SoakClient.DISABLED_Run", arg, fd[1], {kSoakClientEnv}, true);
     close(fd[1]);
-    if (r != 0) {
+    if (pid < 0) {
         close(fd[0]);
-        return -r;
+        return pid;
     }
     *resultFd = fd[0];
     return pid;

@@ -10,7 +10,6 @@
 #include <memory>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <string>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,8 +19,7 @@
 
 #include "connection.h"
 #include "proc.h"
-
-extern char **environ;
+#include "respawn.h"
 
 namespace rstream::scaletest {
 
@@ -54,38 +52,11 @@ struct EndsReport
 inline constexpr char kClientEnv[] = "RSTREAM_SCALE_CLIENT";
 inline constexpr char kServerEnv[] = "RSTREAM_SCALE_SERVER";
 
-// This binary run again with one test and env=value added, sock as its fd 3 and no other fd of
-// this process's (a socket the child held open would send no FIN when this process closes
-// it); gtest's output in brief (failures only), the role's own lines with it. posix_spawn runs
-// nothing of this process in the child but the exec: a fork child of this multithreaded process
-// would inherit the locks other threads held at the fork (under ASan, the allocator's; see the
-// soak in resources_test.cpp). Its pid or -errno.
+// This binary run again as the test named, with env=value (one role's variable) added and the
+// other roles' variables left out, sock as its fd 3 (see rstest::spawnSelf).
 inline pid_t spawnSelf(const char *test, const char *env, const char *value, int sock)
 {
-    char exe[4096];
-    const ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (len <= 0)
-        return -errno;
-    exe[len] = 0;
-    std::string assign = std::string(env) + "=" + value;
-    std::vector<char *> envp;
-    for (char **e = environ; *e; e++)
-        if (strncmp(*e, kClientEnv, sizeof(kClientEnv) - 1) != 0 &&
-            strncmp(*e, kServerEnv, sizeof(kServerEnv) - 1) != 0)
-            envp.push_back(*e);
-    envp.push_back(assign.data());
-    envp.push_back(nullptr);
-    std::string filter = std::string("--gtest_filter=") + test;
-    char disabled[] = "--gtest_also_run_disabled_tests", brief[] = "--gtest_brief=1";
-    char *argv[] = {exe, filter.data(), disabled, brief, nullptr};
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, sock, 3);
-    posix_spawn_file_actions_addclosefrom_np(&fa, 4);
-    pid_t pid = -1;
-    const int r = posix_spawn(&pid, exe, &fa, nullptr, argv, envp.data());
-    posix_spawn_file_actions_destroy(&fa);
-    return r ? -r : pid;
+    return rstest::spawnSelf(test, std::string(env) + "=" + value, sock, {kClientEnv, kServerEnv});
 }
 
 // A process started by spawnSelf: killed and reaped unless it exited, so that a failed assert
