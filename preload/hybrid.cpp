@@ -561,6 +561,16 @@ void HybridSocket::addWaiter(int eventFd, std::vector<std::shared_ptr<Connection
         s->addWaiter(eventFd, registered);
 }
 
+std::shared_ptr<Connection> HybridSocket::hintConnection()
+{
+    // Only a settled fabric socket: in the upgrade's steps looks go to the kernel fd too, and
+    // make progress as they always did.
+    if (tentative_.load(std::memory_order_acquire) || upgradePending() || late())
+        return nullptr;
+    auto [s, m] = snapshot();
+    return m == Mode::Fabric && s ? s->hintConnection() : nullptr;
+}
+
 uint64_t HybridSocket::generation(int events)
 {
     std::shared_ptr<Socket> s = socket();

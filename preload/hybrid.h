@@ -151,6 +151,7 @@ public:
     int prepareWait(std::vector<pollfd> *fds, int events) override;
     void addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered) override;
     uint64_t generation(int events) override;
+    std::shared_ptr<Connection> hintConnection() override;
     int kernelFd() override;
 
     std::string debugState();

@@ -113,8 +113,30 @@ public:
     // -errno (-ENOTCONN while connecting, -EPIPE after shutdown(WR), -ECONNRESET).
     ssize_t peekRecv();
     ssize_t peekSend();
-    // Both, with one round of progress (what poll needs).
+    // Both, as poll needs them: with one round of progress, or none while the connection is
+    // quiet (see hintFd()).
     void peek(ssize_t *recv, ssize_t *send);
+
+    // Readiness hints, for pollers that look at many connections (poll, select, epoll). A look
+    // that finds nothing new arms the wait fd, and until that fd turns readable nothing can be
+    // pending in the provider: a look then needs no progress call (on tcp a system call per
+    // connection and look). A poller starts a pass (HintPass), checks the armed wait fds of all
+    // its connections (hintFd(): the fd while armed, else -1) in one system call, and calls
+    // hintQuiet() for each fd found not readable; peek() on this thread within that pass then
+    // reads the state as it is. Any other look, or one whose fd was readable, makes progress.
+    int hintFd() const { return armed_.load(std::memory_order_acquire) ? waitFd_ : -1; }
+    void hintQuiet() { hintPass_.store(tHintPass, std::memory_order_relaxed); }
+    class HintPass
+    {
+    public:
+        HintPass() : saved_(tHintPass) { tHintPass = nextHintPass_.fetch_add(1) + 1; }
+        ~HintPass() { tHintPass = saved_; }
+        HintPass(const HintPass &) = delete;
+        HintPass &operator=(const HintPass &) = delete;
+
+    private:
+        uint64_t saved_;
+    };
 
     // shutdown(2) semantics: SHUT_RD, SHUT_WR, SHUT_RDWR.
     int shutdown(int how);
@@ -209,6 +231,10 @@ public:
     int peerAddress(sockaddr_storage *addr, socklen_t *len) const;
 
     bool iwarpMode() const { return iwarp_; }
+
+    // Progress calls made on this connection (each asks the provider for completions: on tcp a
+    // system call): what the tests of readiness hints count.
+    uint64_t progressCalls() const { return progressCalls_.load(std::memory_order_relaxed); }
 
     // Statistics.
     uint64_t bytesSent() const { return bytesSent_.load(std::memory_order_relaxed); }
@@ -310,6 +336,9 @@ private:
     bool takePendingLocked();
     int rearmLocked();
     ssize_t peekRecvLocked() const;
+    // Nothing but the peer can change the state (no unsent data, credit or word owed, no
+    // deadline to check): while armed, a look needs no progress.
+    bool quietLocked() const;
     ssize_t peekSendLocked() const;
     void watch();
     void wakeSleepersLocked();
@@ -378,8 +407,14 @@ private:
     bool watched_ = false;      // registered with the progress thread
     bool peerClosed_ = false;   // the peer sent DISCONNECT: writes get EPIPE
     std::vector<int> sleepers_; // wake-up eventfds of the threads asleep in waitFor()
-    bool changed_ = false;      // progress changed what waiters may be waiting for
-    uint32_t eqSkips_ = 0;      // progress calls since the EQ was last read while connected
+    // A fi_trywait succeeded and neither the CQ nor the EQ has been read since: anything new
+    // makes the wait fd readable (see hintFd()). Written under mutex_, read without it.
+    std::atomic<bool> armed_{false};
+    std::atomic<uint64_t> hintPass_{0}; // the pass that found the armed wait fd not readable
+    static inline std::atomic<uint64_t> nextHintPass_{0};
+    static inline thread_local uint64_t tHintPass = 0; // this thread's pass, 0: none
+    bool changed_ = false; // progress changed what waiters may be waiting for
+    uint32_t eqSkips_ = 0; // progress calls since the EQ was last read while connected
     sockaddr_storage bindAddr_{};
     socklen_t bindLen_ = 0;
     bool passive_ = false; // in the progress thread's passive set
@@ -433,6 +468,7 @@ private:
     // the progress thread keeps out of the way of an application that drives progress itself.
     std::atomic<int64_t> appProgressNs_{0};
     std::atomic<int> appSleeping_{0};
+    std::atomic<uint64_t> progressCalls_{0};
     std::atomic<uint64_t> bytesSent_{0};
     std::atomic<uint64_t> bytesReceived_{0};
 };

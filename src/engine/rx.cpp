@@ -107,6 +107,9 @@ void Connection::progressLocked(bool app)
 {
     if (!ep_)
         return;
+    // Written under mutex_: a plain increment, no locked instruction on the data path.
+    progressCalls_.store(progressCalls_.load(std::memory_order_relaxed) + 1,
+                         std::memory_order_relaxed);
     if (app)
         appProgressNs_.store(nowNs(), std::memory_order_relaxed);
     // Once connected the EQ only reports the endpoint going away, and reading it costs the tcp
@@ -142,6 +145,9 @@ void Connection::progressLocked(bool app)
 
 void Connection::processCqLocked()
 {
+    // Reading may take an event that the armed wait fd signalled (on verbs the CQ is then
+    // disarmed until the next fi_trywait): the next look makes progress again.
+    armed_.store(false, std::memory_order_relaxed);
     fi_cq_data_entry entries[16];
     for (int batch = 0; batch < kMaxBatches; batch++) {
         ssize_t n = fi_cq_read(cq_, entries, 16);

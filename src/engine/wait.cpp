@@ -156,6 +156,8 @@ int Connection::armLocked()
     int ret = fi_trywait(domain_->fabric(), fids, 2);
     if (ret == -FI_EAGAIN)
         return -EAGAIN;
+    if (ret == 0)
+        armed_.store(true, std::memory_order_release);
     return ret ? fiErr(ret) : 0;
 }
 
@@ -189,7 +191,7 @@ int Connection::rearmLocked()
 int Connection::arm()
 {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!ep_)
+    if (!ep_ || armed_.load(std::memory_order_relaxed))
         return 0;
     int ret = armLocked();
     if (ret != -EAGAIN)
@@ -229,9 +231,26 @@ ssize_t Connection::peekSend()
 void Connection::peek(ssize_t *recv, ssize_t *send)
 {
     std::lock_guard<std::mutex> lock(mutex_);
-    progressLocked();
+    if (tHintPass && hintPass_.load(std::memory_order_relaxed) == tHintPass &&
+        armed_.load(std::memory_order_relaxed) && quietLocked()) {
+        // The progress thread keeps out of the way of an application that looks.
+        appProgressNs_.store(nowNs(), std::memory_order_relaxed);
+    } else {
+        progressLocked();
+        // Nothing left to read: arm, so that the looks until the next event cost no progress.
+        // (rearmLocked() takes what arrived meanwhile, and the state is read after it.)
+        if (quietLocked() && readableLocked() == 0)
+            (void)rearmLocked();
+    }
     *recv = peekRecvLocked();
     *send = peekSendLocked();
+}
+
+bool Connection::quietLocked() const
+{
+    return state_ == State::Connected && !error_ && !closed_ && !closing_ &&
+           (tx_.unsent() == 0 || corkHeld_) && !local_.due() && !kaAckOwed_ && !unmappedOwed_ &&
+           !(shutWr_ && !shutWrSent_) && windows_.recordsEmpty();
 }
 
 ssize_t Connection::peekRecvLocked() const

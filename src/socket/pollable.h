@@ -28,6 +28,9 @@ public:
     // Moves whenever readiness for events (POLLIN/POLLOUT) may have newly arisen; EPOLLET
     // reports again only when it moved.
     virtual uint64_t generation(int events) = 0;
+    // The connection whose armed wait fd a poller checks before it looks (see
+    // Connection::hintFd), or null: then every look makes progress.
+    virtual std::shared_ptr<Connection> hintConnection() { return nullptr; }
     // A socket that ended up on kernel TCP (a fallback) belongs in the kernel's poll and epoll:
     // its kernel fd, or -1 while the engine serves it.
     virtual int kernelFd() { return -1; }

@@ -122,6 +122,37 @@ int remainingMs(int64_t deadlineNs)
     return static_cast<int>(std::min<int64_t>((left + 999999) / 1000000, 1 << 30));
 }
 
+// One pass of readiness hints (see Connection::hintFd): the armed wait fds of the connections
+// about to be looked at are checked in the same ppoll as the kernel fds, and the looks of the
+// pass skip progress on those found quiet. Looks outside a pass make progress as before.
+class HintCheck
+{
+public:
+    void add(Pollable &s)
+    {
+        if (auto c = s.hintConnection()) {
+            if (const int fd = c->hintFd(); fd >= 0) {
+                conns_.push_back(std::move(c));
+                fds_.push_back({fd, POLLIN, 0});
+            }
+        }
+    }
+    // Appends the hint fds, in order, to the fds of the caller's ppoll.
+    void appendTo(std::vector<pollfd> *fds) { fds->insert(fds->end(), fds_.begin(), fds_.end()); }
+    // After that ppoll, with fds where the hint fds begin.
+    void apply(const pollfd *fds)
+    {
+        for (size_t i = 0; i < conns_.size(); i++)
+            if (!fds[i].revents)
+                conns_[i]->hintQuiet();
+    }
+    bool empty() const { return fds_.empty(); }
+
+private:
+    std::vector<std::shared_ptr<Connection>> conns_;
+    std::vector<pollfd> fds_;
+};
+
 uint32_t toPoll(uint32_t e)
 {
     uint32_t p = 0;
@@ -183,23 +214,32 @@ int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socke
     const int64_t deadline = timeoutMs < 0 ? -1 : start + int64_t(timeoutMs) * 1000000;
     const int64_t spinEnd = start + int64_t(spinUs) * 1000;
 
+    std::vector<pollfd> lookFds; // the kernel fds, then the hint fds
     auto check = [&]() -> int {
         int count = 0;
+        Connection::HintPass pass;
+        HintCheck hints;
+        for (auto &s : socks)
+            if (s)
+                hints.add(*s);
+        if (!kfds.empty() || !hints.empty()) {
+            lookFds.assign(kfds.begin(), kfds.end());
+            hints.appendTo(&lookFds);
+            const timespec zero{0, 0};
+            int r = sys::ppoll(lookFds.data(), lookFds.size(), &zero, nullptr);
+            if (r < 0)
+                return r;
+            hints.apply(lookFds.data() + kfds.size());
+            for (size_t k = 0; k < kfds.size(); k++) {
+                fds[kidx[k]].revents = lookFds[k].revents;
+                if (lookFds[k].revents)
+                    count++;
+            }
+        }
         for (nfds_t i = 0; i < nfds; i++) {
             if (socks[i]) {
                 fds[i].revents = static_cast<short>(socks[i]->pollEvents(fds[i].events));
                 if (fds[i].revents)
-                    count++;
-            }
-        }
-        if (!kfds.empty()) {
-            const timespec zero{0, 0};
-            int r = sys::ppoll(kfds.data(), kfds.size(), &zero, nullptr);
-            if (r < 0)
-                return r;
-            for (size_t k = 0; k < kfds.size(); k++) {
-                fds[kidx[k]].revents = kfds[k].revents;
-                if (kfds[k].revents)
                     count++;
             }
         }
@@ -385,7 +425,7 @@ void EpollSet::migrateLocked()
     });
 }
 
-int EpollSet::collect(epoll_event *events, int maxevents)
+int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
 {
     std::lock_guard<std::mutex> lock(mutex_);
     migrateLocked();
@@ -393,6 +433,26 @@ int EpollSet::collect(epoll_event *events, int maxevents)
     const size_t count = entries_.size();
     if (next_ >= count)
         next_ = 0;
+    // One ppoll tells which connections' looks need progress, and whether the kernel's epoll
+    // has anything (then epoll_wait reads it).
+    Connection::HintPass pass;
+    HintCheck hints;
+    members_.clear();
+    for (auto &e : entries_) {
+        members_.push_back(e.disabled ? nullptr : e.sock.lock());
+        if (members_.back())
+            hints.add(*members_.back());
+    }
+    *kernelReady = true; // epoll_wait reads it (and reports an error)
+    if (!hints.empty()) {
+        lookFds_.assign(1, {epfd_, POLLIN, 0});
+        hints.appendTo(&lookFds_);
+        const timespec zero{0, 0};
+        if (sys::ppoll(lookFds_.data(), lookFds_.size(), &zero, nullptr) >= 0) {
+            hints.apply(lookFds_.data() + 1);
+            *kernelReady = lookFds_[0].revents != 0;
+        }
+    }
     // Fairness: each scan starts after the last entry reported by the previous one.
     const size_t start = next_;
     for (size_t k = 0; k < count && n < maxevents; k++) {
@@ -400,7 +460,7 @@ int EpollSet::collect(epoll_event *events, int maxevents)
         Entry &e = entries_[i];
         if (e.disabled)
             continue;
-        auto s = e.sock.lock();
+        std::shared_ptr<Pollable> s = std::move(members_[i]);
         if (!s)
             continue;
         int rev = s->pollEvents(static_cast<int>(toPoll(e.events)));
@@ -509,8 +569,9 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
     const int64_t deadline = timeoutMs < 0 ? -1 : start + int64_t(timeoutMs) * 1000000;
     const int64_t spinEnd = start + int64_t(spinUs) * 1000;
     auto check = [&]() -> int {
-        int n = collect(events, maxevents);
-        if (n < maxevents) {
+        bool kernelReady = true;
+        int n = collect(events, maxevents, &kernelReady);
+        if (n < maxevents && kernelReady) {
             int k = sys::epollWait(epfd_, events + n, maxevents - n, 0);
             if (k < 0)
                 return n ? n : k;

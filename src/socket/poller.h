@@ -60,13 +60,18 @@ private:
         int lastRev;
         bool disabled; // EPOLLONESHOT fired; waits for EPOLL_CTL_MOD
     };
-    int collect(epoll_event *events, int maxevents);
+    // Level-triggered and edge-triggered events of the engine sockets; *kernelReady: whether
+    // the kernel's epoll has events to read too.
+    int collect(epoll_event *events, int maxevents, bool *kernelReady);
     void migrateLocked();
 
     const int epfd_;
     std::mutex mutex_;
     std::vector<Entry> entries_;
     size_t next_ = 0; // where the next scan starts, for fairness
+    // collect()'s scratch, kept to spare an allocation per look.
+    std::vector<std::shared_ptr<Pollable>> members_;
+    std::vector<pollfd> lookFds_;
     std::atomic<uint64_t> gen_{0};
 };
 

@@ -100,6 +100,7 @@ public:
     int prepareWait(std::vector<pollfd> *fds, int events) override;
     void addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered) override;
     uint64_t generation(int events) override;
+    std::shared_ptr<Connection> hintConnection() override;
 
     // The caller reported the connect's completion itself (a blocking connect that returned 0):
     // a later connect() gives EISCONN, not the "0 once" of a nonblocking connect.

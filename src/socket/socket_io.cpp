@@ -349,6 +349,12 @@ void Socket::addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *re
     }
 }
 
+std::shared_ptr<Connection> Socket::hintConnection()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    return state_ == State::Connected ? conn_ : nullptr;
+}
+
 uint64_t Socket::generation(int events)
 {
     std::lock_guard<std::mutex> lock(mutex_);
