@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
+#include <unordered_map>
 #include <vector>
 
 #include "pollable.h"
@@ -63,11 +64,16 @@ private:
     // Level-triggered and edge-triggered events of the engine sockets; *kernelReady: whether
     // the kernel's epoll has events to read too.
     int collect(epoll_event *events, int maxevents, bool *kernelReady);
-    void migrateLocked();
+    // Entry i moves to the kernel's epoll if its socket fell back to kernel TCP, or goes if
+    // the socket was closed: true when it left entries_ (the last entry takes its place).
+    bool migrateLocked(size_t i);
+    void migrateAllLocked();
+    void eraseLocked(size_t i);
 
     const int epfd_;
     std::mutex mutex_;
     std::vector<Entry> entries_;
+    std::unordered_map<int, size_t> index_; // fd -> its entry
     size_t next_ = 0; // where the next scan starts, for fairness
     // collect()'s scratch, kept to spare an allocation per look.
     std::vector<std::shared_ptr<Pollable>> members_;

@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: MIT
+// The shim's sockets as poll, select and epoll see them: readiness, the fds to sleep on, and
+// the connection whose readiness hint a poller checks.
+
+#include "hybrid.h"
+
+#include <poll.h>
+#include <time.h>
+
+#include "fabric.h"
+#include "hybrid_internal.h"
+#include "kernel.h"
+
+namespace rstream::shim {
+
+int HybridSocket::kernelPollNow(int events)
+{
+    pollfd p{fd_, static_cast<short>(events), 0};
+    const timespec zero{0, 0};
+    int r = sys::ppoll(&p, 1, &zero, nullptr);
+    return r > 0 ? p.revents : 0;
+}
+
+int HybridSocket::pollEvents(int events)
+{
+    settle();
+    if (upgradePending()) {
+        upgradeProgress(events);
+        const Upgrade u = upgrade_.load();
+        if (u == Upgrade::Maybe || u == Upgrade::Answer)
+            return firstBytesPollEvents(u, events);
+    }
+    if (late())
+        return latePollEvents(events);
+    auto [s, m] = snapshot();
+    switch (m) {
+    case Mode::Fabric: {
+        if (!s)
+            return 0; // connecting, waiting for libfabric
+        const int rev = s->pollEvents(events);
+        // A background fabric attempt that failed since settle() looked (refused: nothing
+        // there, or a listener that defers) is no error of the program's connection: the
+        // kernel connect takes over, so settle again and answer for that.
+        if ((rev & (POLLERR | POLLHUP)) && tentative_.load(std::memory_order_acquire)) {
+            settle();
+            if (!tentative_.load(std::memory_order_acquire) && mode() != Mode::Fabric)
+                return pollEvents(events);
+        }
+        return rev;
+    }
+    case Mode::Listener: {
+        int rev = kernelPollNow(POLLIN);
+        if (s)
+            rev |= s->pollEvents(POLLIN);
+        return rev & (events | POLLERR | POLLHUP);
+    }
+    case Mode::Inherited:
+        return POLLERR | POLLHUP;
+    default:
+        return kernelPollNow(events);
+    }
+}
+
+int HybridSocket::prepareWait(std::vector<pollfd> *fds, int events)
+{
+    settle();
+    if (late())
+        return lateWaitFds(fds, events);
+    auto [s, m] = snapshot();
+    switch (m) {
+    case Mode::Fabric:
+        if (!s) {
+            {
+                // The light probe's answer or deadline wakes the poller.
+                std::lock_guard<std::mutex> lock(mutex_);
+                if (pending_ && pending_->probe)
+                    return pending_->probe->waitFds(fds);
+            }
+            // Waiting for libfabric to load: the load's eventfd wakes the poller, which looks
+            // again (and the attempt starts then).
+            const int loadFd = fabricLoadFd();
+            if (loadFd < 0)
+                return -EAGAIN;
+            fds->push_back({loadFd, POLLIN, 0});
+            return 0;
+        }
+        return s->prepareWait(fds, events);
+    case Mode::Listener:
+        fds->push_back({fd_, POLLIN, 0});
+        return s ? s->prepareWait(fds, POLLIN) : 0;
+    case Mode::Inherited:
+        return 0;
+    default:
+        fds->push_back({fd_, static_cast<short>(events), 0});
+        return 0;
+    }
+}
+
+void HybridSocket::addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered)
+{
+    settle();
+    if (upgradePending()) {
+        upgradeAddWaiter(eventFd, registered);
+        return;
+    }
+    std::shared_ptr<Socket> s = socket();
+    Mode m = mode();
+    if (s && (m == Mode::Fabric || m == Mode::Listener))
+        s->addWaiter(eventFd, registered);
+}
+
+std::shared_ptr<Connection> HybridSocket::hintConnection()
+{
+    // Only a settled fabric socket: in the upgrade's steps (late ones included) looks go to the
+    // kernel fd too, and make progress as they always did.
+    if (tentative_.load(std::memory_order_acquire) || upgradePending())
+        return nullptr;
+    auto [s, m] = snapshot();
+    return m == Mode::Fabric && s ? s->hintConnection() : nullptr;
+}
+
+uint64_t HybridSocket::generation(int events)
+{
+    std::shared_ptr<Socket> s = socket();
+    if (mode() == Mode::Fabric && s)
+        return s->generation(events);
+    // Kernel-backed readiness has no event count: every look counts as new (EPOLLET acts as
+    // level-triggered there, which costs a spurious wake-up, never a lost one).
+    return kernelGen_.fetch_add(1, std::memory_order_relaxed);
+}
+
+int HybridSocket::kernelFd()
+{
+    return mode() == Mode::Kernel && !upgradePending() ? fd_ : -1;
+}
+
+} // namespace rstream::shim

@@ -1,0 +1,188 @@
+// SPDX-License-Identifier: MIT
+// What poll and select (poller.cpp) and epoll (epoll_set.cpp) share: the thread's wake-up
+// eventfd, waiter registrations, readiness hints and the conversions between poll and epoll.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <ctime>
+#include <memory>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <vector>
+
+#include "clock.h"
+#include "connection.h"
+#include "kernel.h"
+#include "pollable.h"
+
+namespace rstream::detail {
+
+// The calling thread's wake-up eventfd: connections write it when another thread's progress
+// changes readiness (reading a CQ resets the wait fd, so the wait fd alone can miss that).
+// Trivially destructible, and closed at thread exit by a pthread key's destructor instead: a
+// thread_local with a destructor is registered on first use in each thread through
+// __cxa_thread_atexit, which takes the dynamic loader's lock, and libfabric's load holds that
+// lock for its whole ~0.3 s (the shim loads it on a thread of its own for a nonblocking connect,
+// while the program's event loop polls).
+class ThreadWake
+{
+public:
+    int fd()
+    {
+        if (fd_ < 0) {
+            int fd = sys::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+            if (fd < 0)
+                return -1;
+            fd_ = fd;
+            if (const pthread_key_t *k = key())
+                pthread_setspecific(*k, reinterpret_cast<void *>(static_cast<intptr_t>(fd) + 1));
+        }
+        return fd_;
+    }
+    void drain()
+    {
+        uint64_t v;
+        if (fd_ >= 0)
+            (void)sys::read(fd_, &v, sizeof(v)); // -EAGAIN: nothing to drain
+    }
+    // In a fork child the forking thread's eventfd is still the parent's (fork shares open
+    // files): a write meant for one process could be drained by another one sleeping on it (the
+    // parent or a sibling child), and the sleeper it was meant for would miss it for good. The
+    // child's copy is closed and the child makes one of its own on first use.
+    void forgetAfterFork()
+    {
+        if (fd_ < 0)
+            return;
+        sys::close(fd_);
+        fd_ = -1;
+        if (const pthread_key_t *k = key())
+            pthread_setspecific(*k, nullptr);
+    }
+
+private:
+    // The key whose destructor closes a thread's fd; null if none could be had (the fd then
+    // stays open after its thread ends).
+    static const pthread_key_t *key()
+    {
+        static pthread_key_t k;
+        static const bool ok = pthread_key_create(&k, [](void *v) {
+                                   sys::close(static_cast<int>(reinterpret_cast<intptr_t>(v) - 1));
+                               }) == 0;
+        return ok ? &k : nullptr;
+    }
+
+    int fd_ = -1;
+};
+// Defined in poller.cpp: one per thread for poll, select and epoll alike.
+extern thread_local ThreadWake tWake;
+
+// Waiter registrations, undone on every way out (return, exception, pthread_cancel unwind).
+class Waiters
+{
+public:
+    explicit Waiters(int fd) : fd_(fd) {}
+    ~Waiters() { clear(); }
+    void add(Pollable &s) { s.addWaiter(fd_, &conns_); }
+    void clear()
+    {
+        for (auto &c : conns_)
+            c->removeWaiter(fd_);
+        conns_.clear();
+    }
+
+private:
+    int fd_;
+    std::vector<std::shared_ptr<Connection>> conns_;
+};
+
+// -errno on failure (the seam's convention).
+inline int ppollMs(pollfd *fds, nfds_t n, int timeoutMs, const sigset_t *mask)
+{
+    timespec ts{};
+    timespec *tp = nullptr;
+    if (timeoutMs >= 0) {
+        ts.tv_sec = timeoutMs / 1000;
+        ts.tv_nsec = (timeoutMs % 1000) * 1000000L;
+        tp = &ts;
+    }
+    return sys::ppoll(fds, n, tp, mask);
+}
+
+inline int remainingMs(int64_t deadlineNs)
+{
+    if (deadlineNs < 0)
+        return -1;
+    int64_t left = deadlineNs - nowNs();
+    if (left <= 0)
+        return 0;
+    return static_cast<int>(std::min<int64_t>((left + 999999) / 1000000, 1 << 30));
+}
+
+// One pass of readiness hints (see Connection::hintFd): the armed wait fds of the connections
+// about to be looked at are checked in the same ppoll as the kernel fds, and the looks of the
+// pass skip progress on those found quiet. Looks outside a pass make progress as before.
+class HintCheck
+{
+public:
+    void add(Pollable &s)
+    {
+        if (auto c = s.hintConnection()) {
+            if (const int fd = c->hintFd(); fd >= 0) {
+                conns_.push_back(std::move(c));
+                fds_.push_back({fd, POLLIN, 0});
+            }
+        }
+    }
+    // Appends the hint fds, in order, to the fds of the caller's ppoll.
+    void appendTo(std::vector<pollfd> *fds) { fds->insert(fds->end(), fds_.begin(), fds_.end()); }
+    // After that ppoll, with fds where the hint fds begin.
+    void apply(const pollfd *fds)
+    {
+        for (size_t i = 0; i < conns_.size(); i++)
+            if (!fds[i].revents)
+                conns_[i]->hintQuiet();
+    }
+    bool empty() const { return fds_.empty(); }
+
+private:
+    std::vector<std::shared_ptr<Connection>> conns_;
+    std::vector<pollfd> fds_;
+};
+
+inline uint32_t toPoll(uint32_t e)
+{
+    uint32_t p = 0;
+    if (e & EPOLLIN)
+        p |= POLLIN;
+    if (e & EPOLLOUT)
+        p |= POLLOUT;
+    if (e & EPOLLRDHUP)
+        p |= POLLRDHUP;
+    if (e & EPOLLPRI)
+        p |= POLLPRI;
+    return p;
+}
+
+inline uint32_t toEpoll(int p)
+{
+    uint32_t e = 0;
+    if (p & POLLIN)
+        e |= EPOLLIN;
+    if (p & POLLOUT)
+        e |= EPOLLOUT;
+    if (p & POLLRDHUP)
+        e |= EPOLLRDHUP;
+    if (p & POLLPRI)
+        e |= EPOLLPRI;
+    if (p & POLLERR)
+        e |= EPOLLERR;
+    if (p & POLLHUP)
+        e |= EPOLLHUP;
+    return e;
+}
+
+} // namespace rstream::detail
