@@ -152,8 +152,10 @@ int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
 
 int Connection::armLocked()
 {
-    fid *fids[2] = {&cq_->fid, &eq_->fid};
-    int ret = fi_trywait(domain_->fabric(), fids, 2);
+    // The CQ and the EQ share the wait set: one try covers both (naming both tried the set
+    // twice, each try a progress pass over both, on tcp four epoll_wait calls an arm).
+    fid *fids[1] = {&waitSet_->fid};
+    int ret = fi_trywait(domain_->fabric(), fids, 1);
     if (ret == -FI_EAGAIN)
         return -EAGAIN;
     if (ret == 0)
