@@ -843,6 +843,10 @@ TEST(EngineKeepalive, PeerProcess)
 // connection up though neither application calls.
 TEST_P(EngineTest, KeepaliveDetectsAPeerThatStopsAnswering)
 {
+    // Probes and answers are words: iWarp mode sends them differently, the strict modes differ
+    // only in how memory is registered. The strict modes' 2 x 6 s per build are saved.
+    if (GetParam().strict)
+        GTEST_SKIP() << "keepalive words do not depend on the registration mode";
     auto l = listen(settings());
     // Set here, not in the child: between fork and exec the child may not allocate (under ASan
     // an allocator lock another thread held at the fork stays held in the child).
