@@ -209,19 +209,23 @@ int EpollSet::pollEvents(int events)
     return sys::ppoll(&p, 1, &zero, nullptr) > 0 && (p.revents & POLLIN) ? POLLIN : 0;
 }
 
+std::vector<std::shared_ptr<Pollable>> EpollSet::liveMembers()
+{
+    std::vector<std::shared_ptr<Pollable>> members;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto &e : entries_)
+        if (!e.disabled)
+            if (auto s = e.sock.lock())
+                members.push_back(std::move(s));
+    return members;
+}
+
 int EpollSet::prepareWait(std::vector<pollfd> *fds, int)
 {
     Nest nest;
     if (nest.tooDeep())
         return 0;
-    std::vector<std::shared_ptr<Pollable>> members;
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        for (auto &e : entries_)
-            if (!e.disabled)
-                if (auto s = e.sock.lock())
-                    members.push_back(std::move(s));
-    }
+    std::vector<std::shared_ptr<Pollable>> members = liveMembers();
     fds->push_back({epfd_, POLLIN, 0});
     for (auto &s : members)
         if (s->prepareWait(fds, static_cast<int>(POLLIN | POLLOUT)) == -EAGAIN)
@@ -234,14 +238,7 @@ void EpollSet::addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *
     Nest nest;
     if (nest.tooDeep())
         return;
-    std::vector<std::shared_ptr<Pollable>> members;
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        for (auto &e : entries_)
-            if (!e.disabled)
-                if (auto s = e.sock.lock())
-                    members.push_back(std::move(s));
-    }
+    std::vector<std::shared_ptr<Pollable>> members = liveMembers();
     for (auto &s : members)
         s->addWaiter(eventFd, registered);
 }
@@ -283,14 +280,7 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
             sched_yield();
             continue;
         }
-        socks.clear();
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            for (auto &e : entries_)
-                if (!e.disabled)
-                    if (auto s = e.sock.lock())
-                        socks.push_back(std::move(s));
-        }
+        socks = liveMembers();
         Waiters waiters(wakeFd);
         for (auto &s : socks)
             waiters.add(*s);

@@ -69,12 +69,14 @@ private:
     bool migrateLocked(size_t i);
     void migrateAllLocked();
     void eraseLocked(size_t i);
+    // The live sockets of the entries not disabled by EPOLLONESHOT.
+    std::vector<std::shared_ptr<Pollable>> liveMembers();
 
     const int epfd_;
     std::mutex mutex_;
     std::vector<Entry> entries_;
     std::unordered_map<int, size_t> index_; // fd -> its entry
-    size_t next_ = 0; // where the next scan starts, for fairness
+    size_t next_ = 0;                       // where the next scan starts, for fairness
     // collect()'s scratch, kept to spare an allocation per look.
     std::vector<std::shared_ptr<Pollable>> members_;
     std::vector<pollfd> lookFds_;
