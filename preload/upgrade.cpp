@@ -125,7 +125,14 @@ void UpgradeListener::forget(uint64_t token)
 std::shared_ptr<Socket> UpgradeListener::claim(uint64_t token)
 {
     std::lock_guard<std::mutex> lock(mutex_);
-    pumpLocked();
+    // A poller's look claims for every socket in its switch: one pump (a read of the
+    // listener's EQ, a system call on tcp) serves them all in that pass; one that arrives after
+    // it is claimed in the next.
+    const uint64_t pass = Connection::HintPass::current();
+    if (!pass || pass != pumpedPass_) {
+        pumpLocked();
+        pumpedPass_ = pass;
+    }
     auto it = arrived_.find(token);
     if (it == arrived_.end())
         return nullptr;

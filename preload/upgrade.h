@@ -61,6 +61,7 @@ private:
     std::vector<Unread> unread_; // accepted, token not read yet
     uint64_t acceptGen_ = 0;     // connections accepted so far
     uint64_t waitedGen_ = 0;     // acceptGen_ when a poller last registered its wake-up
+    uint64_t pumpedPass_ = 0;    // the poller's pass (Connection::HintPass) that last pumped
 };
 
 } // namespace rstream::shim

@@ -133,6 +133,8 @@ public:
         ~HintPass() { tHintPass = saved_; }
         HintPass(const HintPass &) = delete;
         HintPass &operator=(const HintPass &) = delete;
+        // This thread's pass (each one a new number), or 0 outside any.
+        static uint64_t current() { return tHintPass; }
 
     private:
         uint64_t saved_;
