@@ -124,8 +124,7 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
     // One ppoll tells which connections' looks need progress, and whether the kernel's epoll
     // has anything (then epoll_wait reads it).
     Connection::HintPass pass;
-    HintCheck hints;
-    members_.clear();
+    HintCheck &hints = hints_;
     for (auto &e : entries_) {
         members_.push_back(e.disabled ? nullptr : e.sock.lock());
         if (members_.back())
@@ -170,6 +169,9 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
             e.disabled = true;
         next_ = i + 1;
     }
+    // The scratch holds no socket or connection past the look (a closed one goes at once).
+    hints.clear();
+    members_.clear();
     return n;
 }
 
@@ -290,19 +292,7 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         sleepFds.clear();
         sleepFds.push_back({epfd_, POLLIN, 0});
         sleepFds.push_back({wakeFd, POLLIN, 0});
-        bool pending = false;
-        for (auto &s : socks) {
-            if (s->prepareWait(&sleepFds, POLLIN | POLLOUT) == -EAGAIN) {
-                pending = true;
-                break;
-            }
-        }
-        if (pending)
-            continue;
-        int r = ppollMs(sleepFds.data(), sleepFds.size(), remainingMs(deadline), mask);
-        waiters.clear();
-        tWake.drain();
-        if (r < 0)
+        if (int r = armAndSleep(socks, &sleepFds, deadline, mask, waiters); r < 0)
             return r;
     }
 }

@@ -15,6 +15,33 @@ namespace detail {
 thread_local ThreadWake tWake;
 [[maybe_unused]] const int gForkHandlers =
     pthread_atfork(nullptr, nullptr, [] { tWake.forgetAfterFork(); });
+void HintCheck::add(Pollable &s)
+{
+    if (auto c = s.hintConnection()) {
+        if (const int fd = c->hintFd(); fd >= 0) {
+            conns_.push_back(std::move(c));
+            fds_.push_back({fd, POLLIN, 0});
+        }
+    }
+}
+
+void HintCheck::appendTo(std::vector<pollfd> *fds) const
+{
+    fds->insert(fds->end(), fds_.begin(), fds_.end());
+}
+
+void HintCheck::apply(const pollfd *fds) const
+{
+    for (size_t i = 0; i < conns_.size(); i++)
+        if (!fds[i].revents)
+            conns_[i]->hintQuiet();
+}
+
+void HintCheck::clear()
+{
+    conns_.clear();
+    fds_.clear();
+}
 } // namespace detail
 
 int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, SocketResolver resolve,
@@ -45,10 +72,11 @@ int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socke
     const int64_t spinEnd = start + int64_t(spinUs) * 1000;
 
     std::vector<pollfd> lookFds; // the kernel fds, then the hint fds
+    HintCheck hints;
     auto check = [&]() -> int {
         int count = 0;
         Connection::HintPass pass;
-        HintCheck hints;
+        hints.clear();
         for (auto &s : socks)
             if (s)
                 hints.add(*s);
@@ -102,21 +130,7 @@ int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socke
             return count;
         sleepFds.assign(kfds.begin(), kfds.end());
         sleepFds.push_back({wakeFd, POLLIN, 0});
-        bool pending = false;
-        for (auto &s : socks) {
-            if (!s)
-                continue;
-            if (s->prepareWait(&sleepFds, POLLIN | POLLOUT) == -EAGAIN) {
-                pending = true;
-                break;
-            }
-        }
-        if (pending)
-            continue;
-        int r = ppollMs(sleepFds.data(), sleepFds.size(), remainingMs(deadline), mask);
-        waiters.clear();
-        tWake.drain();
-        if (r < 0)
+        if (int r = armAndSleep(socks, &sleepFds, deadline, mask, waiters); r < 0)
             return r;
     }
 }

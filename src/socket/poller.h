@@ -16,6 +16,29 @@
 
 namespace rstream {
 
+namespace detail {
+// One pass of readiness hints (see Connection::hintFd): the armed wait fds of the connections
+// about to be looked at are checked in the same ppoll as the kernel fds, and the looks of the
+// pass skip progress on those found quiet. Looks outside a pass make progress as before.
+class HintCheck
+{
+public:
+    void add(Pollable &s);
+    // Appends the hint fds, in order, to the fds of the caller's ppoll.
+    void appendTo(std::vector<pollfd> *fds) const;
+    // After that ppoll, with fds where the hint fds begin.
+    void apply(const pollfd *fds) const;
+    bool empty() const { return fds_.empty(); }
+    // For the next pass (and to let the connections go); the vectors keep their memory, so a
+    // look allocates nothing.
+    void clear();
+
+private:
+    std::vector<std::shared_ptr<Connection>> conns_;
+    std::vector<pollfd> fds_;
+};
+} // namespace detail
+
 // Maps an fd to its engine socket, or null for an fd the kernel answers for.
 using SocketResolver = std::shared_ptr<Pollable> (*)(int fd);
 
@@ -80,6 +103,7 @@ private:
     // collect()'s scratch, kept to spare an allocation per look.
     std::vector<std::shared_ptr<Pollable>> members_;
     std::vector<pollfd> lookFds_;
+    detail::HintCheck hints_;
     std::atomic<uint64_t> gen_{0};
 };
 

@@ -122,37 +122,6 @@ inline int remainingMs(int64_t deadlineNs)
     return static_cast<int>(std::min<int64_t>((left + 999999) / 1000000, 1 << 30));
 }
 
-// One pass of readiness hints (see Connection::hintFd): the armed wait fds of the connections
-// about to be looked at are checked in the same ppoll as the kernel fds, and the looks of the
-// pass skip progress on those found quiet. Looks outside a pass make progress as before.
-class HintCheck
-{
-public:
-    void add(Pollable &s)
-    {
-        if (auto c = s.hintConnection()) {
-            if (const int fd = c->hintFd(); fd >= 0) {
-                conns_.push_back(std::move(c));
-                fds_.push_back({fd, POLLIN, 0});
-            }
-        }
-    }
-    // Appends the hint fds, in order, to the fds of the caller's ppoll.
-    void appendTo(std::vector<pollfd> *fds) { fds->insert(fds->end(), fds_.begin(), fds_.end()); }
-    // After that ppoll, with fds where the hint fds begin.
-    void apply(const pollfd *fds)
-    {
-        for (size_t i = 0; i < conns_.size(); i++)
-            if (!fds[i].revents)
-                conns_[i]->hintQuiet();
-    }
-    bool empty() const { return fds_.empty(); }
-
-private:
-    std::vector<std::shared_ptr<Connection>> conns_;
-    std::vector<pollfd> fds_;
-};
-
 inline uint32_t toPoll(uint32_t e)
 {
     uint32_t p = 0;
@@ -183,6 +152,22 @@ inline uint32_t toEpoll(int p)
     if (p & POLLHUP)
         e |= EPOLLHUP;
     return e;
+}
+
+// The last step before a poller sleeps: arms every socket, appending the fds to sleep on to
+// fds, then sleeps in ppoll until one is ready, the deadline (ns, < 0: none) or a signal. 0:
+// look again (something was pending, or the sleep ended); -errno from ppoll.
+inline int armAndSleep(const std::vector<std::shared_ptr<Pollable>> &socks,
+                       std::vector<pollfd> *fds, int64_t deadlineNs, const sigset_t *mask,
+                       Waiters &waiters)
+{
+    for (auto &s : socks)
+        if (s && s->prepareWait(fds, POLLIN | POLLOUT) == -EAGAIN)
+            return 0;
+    const int r = ppollMs(fds->data(), fds->size(), remainingMs(deadlineNs), mask);
+    waiters.clear();
+    tWake.drain();
+    return r < 0 ? r : 0;
 }
 
 } // namespace rstream::detail
