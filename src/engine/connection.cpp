@@ -24,6 +24,7 @@
 #include <rdma/fi_cm.h>
 
 #include "clock.h"
+#include "kernel.h"
 #include "log.h"
 #include "progress.h"
 
@@ -61,6 +62,8 @@ Connection::~Connection()
     cq_.reset();
     eq_.reset();
     waitSet_.reset();
+    if (ownWaitFd_ >= 0)
+        sys::close(ownWaitFd_);
     if (info_)
         fi_freeinfo(info_);
     txOps_.reset();

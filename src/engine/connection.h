@@ -353,6 +353,7 @@ private:
     int64_t keepaliveLocked(int64_t now);
     int64_t userTimeoutLocked(int64_t now); // the next look (0: none)
     int checkCmDataSize();
+    int openQueues(bool waitSet);
 
     Settings settings_;
     std::shared_ptr<Domain> domain_;
@@ -366,6 +367,7 @@ private:
     FidPtr<fid_mr> nextMr_;   // the ring a GROW announced, until the peer's SWITCH
     FidPtr<fid_ep> ep_;
     int waitFd_ = -1;
+    int ownWaitFd_ = -1; // the epoll fd over the CQ's and the EQ's fds, without a wait set
     void *localDesc_ = nullptr;
 
     // One anonymous mapping: send ring area | receive ring area | slot words | control words.

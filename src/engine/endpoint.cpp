@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 
+#include "kernel.h"
 #include "log.h"
 
 namespace rstream {
@@ -72,29 +74,9 @@ int Connection::setup(const fi_info *info)
     if (ret < 0 || !rxSlots_)
         return -ENOMEM;
 
-    fi_wait_attr wattr{};
-    wattr.wait_obj = FI_WAIT_FD;
-    ret = fi_wait_open(domain_->fabric(), &wattr, waitSet_.out());
-    if (ret)
-        return fiErr(ret);
-    ret = fi_control(&waitSet_->fid, FI_GETWAIT, &waitFd_);
-    if (ret)
-        return fiErr(ret);
-
-    fi_eq_attr eattr{};
-    eattr.wait_obj = FI_WAIT_SET;
-    eattr.wait_set = waitSet_;
-    ret = fi_eq_open(domain_->fabric(), &eattr, eq_.out(), this);
-    if (ret)
-        return fiErr(ret);
-    fi_cq_attr cattr{};
-    cattr.format = FI_CQ_FORMAT_DATA;
-    cattr.wait_obj = FI_WAIT_SET;
-    cattr.wait_set = waitSet_;
-    cattr.size = txOps_.cap() + rxCount_ + 16;
-    ret = fi_cq_open(domain_->domain(), &cattr, cq_.out(), this);
-    if (ret)
-        return fiErr(ret);
+    ret = openQueues(caps.waitSets);
+    if (ret < 0)
+        return ret;
 
     fi_info *epInfo = fi_dupinfo(info);
     if (!epInfo)
@@ -118,6 +100,59 @@ int Connection::setup(const fi_info *info)
         return fiErr(ret);
     for (uint32_t i = 0; i < rxCount_; i++) {
         ret = postReceive(i);
+        if (ret < 0)
+            return ret;
+    }
+    return 0;
+}
+
+int Connection::openQueues(bool waitSet)
+{
+    fi_eq_attr eattr{};
+    fi_cq_attr cattr{};
+    cattr.format = FI_CQ_FORMAT_DATA;
+    cattr.size = txOps_.cap() + rxCount_ + 16;
+    if (waitSet) {
+        // One wait set for both: one fd to sleep on and one fi_trywait to arm.
+        fi_wait_attr wattr{};
+        wattr.wait_obj = FI_WAIT_FD;
+        int ret = fi_wait_open(domain_->fabric(), &wattr, waitSet_.out());
+        if (ret)
+            return fiErr(ret);
+        ret = fi_control(&waitSet_->fid, FI_GETWAIT, &waitFd_);
+        if (ret)
+            return fiErr(ret);
+        eattr.wait_obj = cattr.wait_obj = FI_WAIT_SET;
+        eattr.wait_set = cattr.wait_set = waitSet_;
+    } else {
+        eattr.wait_obj = cattr.wait_obj = FI_WAIT_FD;
+    }
+    int ret = fi_eq_open(domain_->fabric(), &eattr, eq_.out(), this);
+    if (ret)
+        return fiErr(ret);
+    ret = fi_cq_open(domain_->domain(), &cattr, cq_.out(), this);
+    if (ret)
+        return fiErr(ret);
+    if (waitSet)
+        return 0;
+    // Without wait sets (verbs) the CQ and the EQ each have a wait fd: an epoll fd of ours
+    // holds both, so that the rest of the engine (sleeps, pollers, the progress thread) still
+    // sees one fd a connection, readable when either has something.
+    int cqFd = -1, eqFd = -1;
+    ret = fi_control(&cq_->fid, FI_GETWAIT, &cqFd);
+    if (!ret)
+        ret = fi_control(&eq_->fid, FI_GETWAIT, &eqFd);
+    if (ret)
+        return fiErr(ret);
+    const int ep = sys::epollCreate1(EPOLL_CLOEXEC);
+    if (ep < 0)
+        return ep;
+    ownWaitFd_ = waitFd_ = ep;
+    for (int fd : {cqFd, eqFd}) {
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.fd = fd;
+        ret = sys::epollCtl(ep, EPOLL_CTL_ADD, fd, &ev);
         if (ret < 0)
             return ret;
     }

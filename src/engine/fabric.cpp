@@ -278,11 +278,22 @@ int Domain::get(const fi_info *info, bool strict, std::shared_ptr<Domain> *out, 
     c.maxTx = static_cast<uint32_t>(info->tx_attr->size);
     c.maxRx = static_cast<uint32_t>(info->rx_attr->size);
     c.iwarp = info->ep_attr->protocol == FI_PROTO_IWARP || c.cqDataSize < 4;
+    c.waitSets = !strict;
+    if (c.waitSets) {
+        // Asked once a domain, not assumed from the provider's name.
+        fid_wait *probe = nullptr;
+        fi_wait_attr wattr{};
+        wattr.wait_obj = FI_WAIT_FD;
+        if (fi_wait_open(fabric, &wattr, &probe) == 0)
+            fi_close(&probe->fid);
+        else
+            c.waitSets = false;
+    }
     RS_LOG(Debug,
            "domain %s: mr_local=%d virt_addr=%d prov_key=%d mr_ep=%d rx_cq_data=%d "
-           "cq_data=%zu inject=%zu tx=%u rx=%u iwarp=%d",
+           "cq_data=%zu inject=%zu tx=%u rx=%u iwarp=%d wait_sets=%d",
            key.c_str(), c.mrLocal, c.virtAddr, c.provKey, c.mrEndpoint, c.rxCqData, c.cqDataSize,
-           c.injectSize, c.maxTx, c.maxRx, c.iwarp);
+           c.injectSize, c.maxTx, c.maxRx, c.iwarp, c.waitSets);
     if (!own)
         gDomains[key] = d;
     *out = d;

@@ -30,6 +30,9 @@ struct ProviderCaps
     uint32_t maxTx = 0;
     uint32_t maxRx = 0;
     bool iwarp = false; // the provider's protocol has no write with immediate
+    // The fabric opens wait sets (fi_wait_open): a connection's CQ and EQ then share one. verbs
+    // has none (fi_no_wait_open); strict mode does without, as verbs must.
+    bool waitSets = true;
 };
 
 // A fabric and domain pair shared by every endpoint on it.

@@ -153,9 +153,12 @@ int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
 int Connection::armLocked()
 {
     // The CQ and the EQ share the wait set: one try covers both (naming both tried the set
-    // twice, each try a progress pass over both, on tcp four epoll_wait calls an arm).
-    fid *fids[1] = {&waitSet_->fid};
-    int ret = fi_trywait(domain_->fabric(), fids, 1);
+    // twice, each try a progress pass over both, on tcp four epoll_wait calls an arm). Without
+    // a wait set each is tried (verbs arms the CQ's notification there).
+    fid *fids[2] = {&cq_->fid, &eq_->fid};
+    if (waitSet_)
+        fids[0] = &waitSet_->fid;
+    int ret = fi_trywait(domain_->fabric(), fids, waitSet_ ? 1 : 2);
     if (ret == -FI_EAGAIN)
         return -EAGAIN;
     if (ret == 0)
