@@ -25,6 +25,7 @@
 #include "ring.h"
 #include "ring_growth.h"
 #include "settings.h"
+#include "spin.h"
 #include "tx_ring.h"
 #include "window_table.h"
 #include "wire.h"
@@ -472,6 +473,7 @@ private:
     // the progress thread keeps out of the way of an application that drives progress itself.
     std::atomic<int64_t> appProgressNs_{0};
     std::atomic<int> appSleeping_{0};
+    AdaptiveSpin spin_; // waitFor()'s spin before it sleeps
     std::atomic<uint64_t> progressCalls_{0};
     std::atomic<uint64_t> bytesSent_{0};
     std::atomic<uint64_t> bytesReceived_{0};

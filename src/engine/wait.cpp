@@ -72,7 +72,10 @@ int Connection::wait(int events, int timeoutMs)
 
 int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
 {
-    const int64_t spinEnd = nowNs() + int64_t(settings_.pollUs) * 1000;
+    // The spin is learnt from this connection's earlier waits (AdaptiveSpin), which start at
+    // the first look that finds nothing.
+    const int64_t capNs = int64_t(settings_.pollUs) * 1000;
+    int64_t missNs = 0, spinEnd = 0;
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
         if (!progressed)
@@ -90,13 +93,24 @@ int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
         if ((events & kWithdrawn) &&
             (withdrawalsAnswered_ >= withdrawalsQueued_ || !peerMayWriteLocked()))
             ready |= kWithdrawn;
-        if (ready)
+        if (ready) {
+            if (missNs)
+                spin_.record(nowNs() - missNs, capNs);
             return ready;
+        }
         if (!ep_)
             return -ENOTCONN;
         int64_t now = nowNs();
-        if (deadlineNs && now >= deadlineNs)
+        if (!missNs) {
+            missNs = now;
+            spinEnd = now + spin_.windowNs(capNs);
+        }
+        if (deadlineNs && now >= deadlineNs) {
+            // Only a timeout past the cap says something (a zero timeout is a look, not a wait).
+            if (now - missNs > capNs)
+                spin_.record(now - missNs, capNs);
             return 0;
+        }
         if (now < spinEnd) {
             lock.unlock();
             sched_yield();

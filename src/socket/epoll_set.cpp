@@ -254,7 +254,9 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         return -EFAULT;
     const int64_t start = nowNs();
     const int64_t deadline = timeoutMs < 0 ? -1 : start + int64_t(timeoutMs) * 1000000;
-    const int64_t spinEnd = start + int64_t(spinUs) * 1000;
+    const int64_t capNs = int64_t(spinUs) * 1000;
+    int64_t spinEnd = 0;
+    bool missed = false;
     auto check = [&]() -> int {
         bool kernelReady = true;
         int n = collect(events, maxevents, &kernelReady);
@@ -273,11 +275,21 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
     std::vector<pollfd> sleepFds;
     for (;;) {
         int n = check();
-        if (n != 0 || timeoutMs == 0)
+        if (n != 0 || timeoutMs == 0) {
+            if (n > 0 && missed)
+                spin_.record(nowNs() - start, capNs);
             return n;
+        }
         int64_t now = nowNs();
-        if (deadline >= 0 && now >= deadline)
+        if (!missed) {
+            missed = true;
+            spinEnd = start + spin_.windowNs(capNs);
+        }
+        if (deadline >= 0 && now >= deadline) {
+            if (now - start > capNs)
+                spin_.record(now - start, capNs);
             return 0;
+        }
         if (now < spinEnd) {
             sched_yield();
             continue;

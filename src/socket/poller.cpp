@@ -13,6 +13,8 @@ using namespace detail;
 
 namespace detail {
 thread_local ThreadWake tWake;
+// poll and select's spin, learnt from this thread's earlier waits (an event loop's thread).
+thread_local AdaptiveSpin tPollSpin;
 [[maybe_unused]] const int gForkHandlers =
     pthread_atfork(nullptr, nullptr, [] { tWake.forgetAfterFork(); });
 void HintCheck::add(Pollable &s)
@@ -69,7 +71,9 @@ int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socke
     }
     const int64_t start = nowNs();
     const int64_t deadline = timeoutMs < 0 ? -1 : start + int64_t(timeoutMs) * 1000000;
-    const int64_t spinEnd = start + int64_t(spinUs) * 1000;
+    const int64_t capNs = int64_t(spinUs) * 1000;
+    int64_t spinEnd = 0;
+    bool missed = false;
 
     std::vector<pollfd> lookFds; // the kernel fds, then the hint fds
     HintCheck hints;
@@ -110,11 +114,21 @@ int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socke
     std::vector<pollfd> sleepFds;
     for (;;) {
         int count = check();
-        if (count != 0 || timeoutMs == 0)
+        if (count != 0 || timeoutMs == 0) {
+            if (count > 0 && missed)
+                tPollSpin.record(nowNs() - start, capNs);
             return count;
+        }
         int64_t now = nowNs();
-        if (deadline >= 0 && now >= deadline)
+        if (!missed) {
+            missed = true;
+            spinEnd = start + tPollSpin.windowNs(capNs);
+        }
+        if (deadline >= 0 && now >= deadline) {
+            if (now - start > capNs)
+                tPollSpin.record(now - start, capNs);
             return 0;
+        }
         if (now < spinEnd) {
             sched_yield();
             continue;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "pollable.h"
+#include "spin.h"
 
 namespace rstream {
 
@@ -74,6 +75,7 @@ public:
     uint64_t generation(int) override { return gen_.fetch_add(1, std::memory_order_relaxed); }
 
 private:
+    AdaptiveSpin spin_; // wait()'s spin before it sleeps, learnt from this set's waits
     struct Entry
     {
         int fd;

@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: MIT
+// Adaptive spin-then-block: how long a wait spins before it sleeps, learnt from earlier waits.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+namespace rstream {
+
+// A wait that spins catches what comes within its window without a sleep and a wake-up (on
+// these machines a cross-CPU wake-up alone takes tens of microseconds), but every wait that
+// outlasts the window burns the whole window for nothing. So the window follows the waits:
+// one that ended within the cap (RSTREAM_POLL_US) sets it to twice its length, so a ping-pong
+// spins through its round trips; one that outlasted the cap halves it, so a server that sees a
+// request every millisecond, or an idle one, soon sleeps at once. Every kProbeEvery-th wait
+// spins the whole cap, so a falling window can learn that waits got short again even where
+// its sleeps' wake-ups alone push every measured wait past the cap.
+//
+// Relaxed atomics: the pollers of one epoll set may share one; a lost update only makes one
+// window a little off.
+class AdaptiveSpin
+{
+public:
+    static constexpr uint32_t kProbeEvery = 16;
+    static constexpr int64_t kFloorNs = 1000; // below this a window is no window
+
+    // The spin for the wait starting now, in ns, with the cap in ns (0: never spin).
+    int64_t windowNs(int64_t capNs)
+    {
+        if (capNs <= 0)
+            return 0;
+        const uint32_t n = waits_.fetch_add(1, std::memory_order_relaxed);
+        if (n % kProbeEvery == kProbeEvery - 1)
+            return capNs;
+        const int64_t w = window_.load(std::memory_order_relaxed);
+        return w < 0 ? capNs : std::min(w, capNs); // < 0: nothing learnt yet, spin as before
+    }
+
+    // A wait whose first look found nothing ended after waitedNs: ready, or timed out.
+    void record(int64_t waitedNs, int64_t capNs)
+    {
+        if (capNs <= 0)
+            return;
+        int64_t w = window_.load(std::memory_order_relaxed);
+        if (w < 0)
+            w = capNs;
+        if (waitedNs <= capNs)
+            w = std::min(capNs, std::max(w, 2 * waitedNs));
+        else
+            w = w / 2 < kFloorNs ? 0 : w / 2;
+        window_.store(w, std::memory_order_relaxed);
+    }
+
+    int64_t currentNs() const { return window_.load(std::memory_order_relaxed); }
+
+private:
+    std::atomic<int64_t> window_{-1};
+    std::atomic<uint32_t> waits_{0};
+};
+
+} // namespace rstream

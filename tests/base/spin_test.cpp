@@ -1,0 +1,104 @@
+// SPDX-License-Identifier: MIT
+// AdaptiveSpin: the window follows the waits, and probes let a fallen window rise again.
+
+#include <gtest/gtest.h>
+
+#include "spin.h"
+
+namespace rstream {
+namespace {
+
+constexpr int64_t kCap = 50000; // 50 us, RSTREAM_POLL_US's default
+
+// The windows of n waits in a row, each of which ended after waitedNs.
+std::vector<int64_t> run(AdaptiveSpin &s, int n, int64_t waitedNs)
+{
+    std::vector<int64_t> windows;
+    for (int i = 0; i < n; i++) {
+        windows.push_back(s.windowNs(kCap));
+        s.record(waitedNs, kCap);
+    }
+    return windows;
+}
+
+TEST(AdaptiveSpin, StartsAtTheCap)
+{
+    AdaptiveSpin s;
+    EXPECT_EQ(s.windowNs(kCap), kCap);
+}
+
+TEST(AdaptiveSpin, ZeroCapNeverSpins)
+{
+    AdaptiveSpin s;
+    for (int i = 0; i < 40; i++) {
+        EXPECT_EQ(s.windowNs(0), 0);
+        s.record(10, 0);
+    }
+}
+
+TEST(AdaptiveSpin, LongWaitsStopTheSpinExceptForProbes)
+{
+    // A server with a request every millisecond: after a few waits it sleeps at once, and
+    // spins the cap only on every 16th wait.
+    AdaptiveSpin s;
+    auto w = run(s, 64, 1000000);
+    int spins = 0;
+    for (size_t i = 8; i < w.size(); i++)
+        if (w[i] > 0)
+            spins++;
+    EXPECT_EQ(s.currentNs(), 0);
+    EXPECT_LE(spins, 4) << "probes only";
+    int64_t spent = 0;
+    for (int64_t x : w)
+        spent += x;
+    // Spin spent over 64 waits of 1 ms: under 2 % of the time (a fixed spin would be 5 %).
+    EXPECT_LT(spent, 64 * 1000000 / 50);
+}
+
+TEST(AdaptiveSpin, ShortWaitsKeepASpinOfTwiceTheirLength)
+{
+    AdaptiveSpin s;
+    run(s, 10, 1000000);
+    ASSERT_EQ(s.currentNs(), 0);
+    // A ping-pong of 10 us round trips starts: the first wait slept (its wake-up counted too),
+    // and from then on the window covers the round trip.
+    s.record(30000, kCap);
+    EXPECT_EQ(s.currentNs(), 50000);
+    run(s, 20, 10000);
+    EXPECT_GE(s.currentNs(), 20000);
+    EXPECT_LE(s.currentNs(), kCap);
+}
+
+TEST(AdaptiveSpin, AProbeLetsAFallenWindowRise)
+{
+    // Each sleep's wake-up alone makes every measured wait longer than the cap; only a probe,
+    // which spins the whole cap, can see that the waits are short now.
+    AdaptiveSpin s;
+    run(s, 20, 1000000);
+    ASSERT_EQ(s.currentNs(), 0);
+    bool rose = false;
+    for (int i = 0; i < int(AdaptiveSpin::kProbeEvery) && !rose; i++) {
+        const int64_t window = s.windowNs(kCap);
+        // Within a spin the wait is short; a sleep costs it 80 us of wake-up.
+        s.record(window >= 5000 ? 5000 : 85000, kCap);
+        rose = s.currentNs() > 0;
+    }
+    EXPECT_TRUE(rose);
+    EXPECT_EQ(s.currentNs(), 10000);
+}
+
+TEST(AdaptiveSpin, MixedWaitsKeepASmallWindow)
+{
+    // Short and long waits in turn: the window stays at least as long as the short ones.
+    AdaptiveSpin s;
+    for (int i = 0; i < 100; i++) {
+        s.windowNs(kCap);
+        s.record(i % 2 ? 1000000 : 8000, kCap);
+        if (i % 2 == 0) {
+            EXPECT_GE(s.currentNs(), 16000) << i;
+        }
+    }
+}
+
+} // namespace
+} // namespace rstream
