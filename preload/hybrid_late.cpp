@@ -443,10 +443,18 @@ int HybridSocket::lateWaitFds(std::vector<pollfd> *fds, int events)
     case Upgrade::LateLoad: {
         fds->push_back({fd_, static_cast<short>(events), 0});
         const int loadFd = fabricLoadFd();
-        if (loadFd >= 0)
+        if (loadFd >= 0) {
             fds->push_back({loadFd, POLLIN, 0});
-        else if (fabricReady())
+        } else if (fabricReady()) {
             return -EAGAIN; // ready: the next look connects
+        } else {
+            // The load starts once the connection has lasted kLoadDelayMs (lateStepLocked):
+            // the poller looks again then, whatever else it waits for.
+            const int64_t due = lateSinceMs_ + kLoadDelayMs;
+            if (nowMs() >= due)
+                return -EAGAIN;
+            pollWakeBy(due * 1000000);
+        }
         break;
     }
     case Upgrade::LateConnect:

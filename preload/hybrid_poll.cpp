@@ -91,6 +91,9 @@ int HybridSocket::prepareWait(std::vector<pollfd> *fds, int events)
     case Mode::Inherited:
         return 0;
     default:
+        // A client's HELLO goes out once its connect is done, whatever the program waits for.
+        if (upgrade_.load() == Upgrade::Offer)
+            events |= POLLOUT;
         fds->push_back({fd_, static_cast<short>(events), 0});
         return 0;
     }

@@ -190,6 +190,13 @@ void UpgradeListener::addWaiter(int eventFd, std::vector<std::shared_ptr<Connect
 int UpgradeListener::prepareWait(std::vector<pollfd> *fds)
 {
     std::lock_guard<std::mutex> lock(mutex_);
+    // Every socket in its switch asks, and the fds are the same for all of them: in a poller's
+    // pass they go into its list once. (Each socket's ask appended the listener and every
+    // unread connection: with 1,000 sockets switching at once, a million entries, and ppoll
+    // failed with EINVAL past RLIMIT_NOFILE, which redis's epoll_wait reported and died of.)
+    const uint64_t pass = Connection::HintPass::current();
+    if (pass && pass == waitPass_)
+        return 0;
     // A connection queued or a token arrived since the last look, or one accepted after the
     // poller registered its wake-up (the progress thread may take its events and wake only
     // registered pollers): not a time to sleep.
@@ -199,6 +206,7 @@ int UpgradeListener::prepareWait(std::vector<pollfd> *fds)
     for (auto &u : unread_)
         if (u.sock->prepareWait(fds, POLLIN) == -EAGAIN)
             return -EAGAIN;
+    waitPass_ = pass;
     return 0;
 }
 

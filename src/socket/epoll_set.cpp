@@ -211,14 +211,19 @@ int EpollSet::pollEvents(int events)
     return sys::ppoll(&p, 1, &zero, nullptr) > 0 && (p.revents & POLLIN) ? POLLIN : 0;
 }
 
-std::vector<std::shared_ptr<Pollable>> EpollSet::liveMembers()
+std::vector<std::shared_ptr<Pollable>> EpollSet::liveMembers(std::vector<short> *interest)
 {
     std::vector<std::shared_ptr<Pollable>> members;
+    if (interest)
+        interest->clear();
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto &e : entries_)
         if (!e.disabled)
-            if (auto s = e.sock.lock())
+            if (auto s = e.sock.lock()) {
                 members.push_back(std::move(s));
+                if (interest)
+                    interest->push_back(static_cast<short>(toPoll(e.events)));
+            }
     return members;
 }
 
@@ -227,10 +232,11 @@ int EpollSet::prepareWait(std::vector<pollfd> *fds, int)
     Nest nest;
     if (nest.tooDeep())
         return 0;
-    std::vector<std::shared_ptr<Pollable>> members = liveMembers();
+    std::vector<short> interest;
+    std::vector<std::shared_ptr<Pollable>> members = liveMembers(&interest);
     fds->push_back({epfd_, POLLIN, 0});
-    for (auto &s : members)
-        if (s->prepareWait(fds, static_cast<int>(POLLIN | POLLOUT)) == -EAGAIN)
+    for (size_t i = 0; i < members.size(); i++)
+        if (members[i]->prepareWait(fds, interest[i]) == -EAGAIN)
             return -EAGAIN;
     return 0;
 }
@@ -272,6 +278,7 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
     if (wakeFd < 0)
         return -ENOMEM;
     std::vector<std::shared_ptr<Pollable>> socks;
+    std::vector<short> interest;
     std::vector<pollfd> sleepFds;
     for (;;) {
         int n = check();
@@ -294,7 +301,7 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
             sched_yield();
             continue;
         }
-        socks = liveMembers();
+        socks = liveMembers(&interest);
         Waiters waiters(wakeFd);
         for (auto &s : socks)
             waiters.add(*s);
@@ -304,7 +311,7 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         sleepFds.clear();
         sleepFds.push_back({epfd_, POLLIN, 0});
         sleepFds.push_back({wakeFd, POLLIN, 0});
-        if (int r = armAndSleep(socks, &sleepFds, deadline, mask, waiters); r < 0)
+        if (int r = armAndSleep(socks, interest, &sleepFds, deadline, mask, waiters); r < 0)
             return r;
     }
 }

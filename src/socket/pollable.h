@@ -11,6 +11,13 @@ namespace rstream {
 
 class Connection;
 
+// A socket's prepareWait() may ask the poller to look again by a time (monotonic ns) even if no
+// fd turns ready: a step of its own that is due then (the shim's switch waits a while before it
+// loads libfabric). Per thread; the poller takes the earliest.
+void pollWakeBy(int64_t ns);
+// The earliest time asked for since the last call (0: none), and forgets it.
+int64_t takePollWakeBy();
+
 class Pollable
 {
 public:

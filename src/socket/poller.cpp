@@ -15,6 +15,7 @@ namespace detail {
 thread_local ThreadWake tWake;
 // poll and select's spin, learnt from this thread's earlier waits (an event loop's thread).
 thread_local AdaptiveSpin tPollSpin;
+thread_local int64_t tWakeByNs = 0;
 [[maybe_unused]] const int gForkHandlers =
     pthread_atfork(nullptr, nullptr, [] { tWake.forgetAfterFork(); });
 void HintCheck::add(Pollable &s)
@@ -46,12 +47,26 @@ void HintCheck::clear()
 }
 } // namespace detail
 
+void pollWakeBy(int64_t ns)
+{
+    if (ns > 0 && (tWakeByNs == 0 || ns < tWakeByNs))
+        tWakeByNs = ns;
+}
+
+int64_t takePollWakeBy()
+{
+    const int64_t ns = tWakeByNs;
+    tWakeByNs = 0;
+    return ns;
+}
+
 int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, SocketResolver resolve,
             int spinUs)
 {
     if (nfds > 0 && !fds)
         return -EFAULT;
     std::vector<std::shared_ptr<Pollable>> socks(nfds);
+    std::vector<short> interest(nfds);
     std::vector<pollfd> kfds;
     std::vector<nfds_t> kidx;
     bool any = false;
@@ -61,6 +76,7 @@ int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socke
             socks[i] = resolve(fds[i].fd);
         if (socks[i]) {
             any = true;
+            interest[i] = fds[i].events;
         } else if (fds[i].fd >= 0) {
             kfds.push_back(fds[i]);
             kidx.push_back(i);
@@ -144,7 +160,7 @@ int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socke
             return count;
         sleepFds.assign(kfds.begin(), kfds.end());
         sleepFds.push_back({wakeFd, POLLIN, 0});
-        if (int r = armAndSleep(socks, &sleepFds, deadline, mask, waiters); r < 0)
+        if (int r = armAndSleep(socks, interest, &sleepFds, deadline, mask, waiters); r < 0)
             return r;
     }
 }

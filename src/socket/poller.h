@@ -95,7 +95,8 @@ private:
     void migrateAllLocked();
     void eraseLocked(size_t i);
     // The live sockets of the entries not disabled by EPOLLONESHOT.
-    std::vector<std::shared_ptr<Pollable>> liveMembers();
+    // The members, and (when interest is given) the poll events each was added for.
+    std::vector<std::shared_ptr<Pollable>> liveMembers(std::vector<short> *interest = nullptr);
 
     const int epfd_;
     std::mutex mutex_;

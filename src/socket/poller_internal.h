@@ -154,16 +154,26 @@ inline uint32_t toEpoll(int p)
     return e;
 }
 
-// The last step before a poller sleeps: arms every socket, appending the fds to sleep on to
-// fds, then sleeps in ppoll until one is ready, the deadline (ns, < 0: none) or a signal. 0:
-// look again (something was pending, or the sleep ended); -errno from ppoll.
+// The last step before a poller sleeps: arms every socket for the poll events the caller wants
+// of it (interest, beside socks), appending the fds to sleep on to fds, then sleeps in ppoll
+// until one is ready, the deadline (ns, < 0: none) or a signal. 0: look again (something was
+// pending, or the sleep ended); -errno from ppoll.
 inline int armAndSleep(const std::vector<std::shared_ptr<Pollable>> &socks,
-                       std::vector<pollfd> *fds, int64_t deadlineNs, const sigset_t *mask,
-                       Waiters &waiters)
+                       const std::vector<short> &interest, std::vector<pollfd> *fds,
+                       int64_t deadlineNs, const sigset_t *mask, Waiters &waiters)
 {
-    for (auto &s : socks)
-        if (s && s->prepareWait(fds, POLLIN | POLLOUT) == -EAGAIN)
+    // One pass: what several sockets share (a switch's upgrade listener) is listed once.
+    Connection::HintPass pass;
+    (void)takePollWakeBy();
+    // Only the events asked for: a socket still on kernel TCP (in its switch) lists its kernel
+    // fd, and POLLOUT there, always true, woke the sleep at once: a server whose epoll set held
+    // sockets in their switch spun a CPU while idle.
+    for (size_t i = 0; i < socks.size(); i++)
+        if (socks[i] && socks[i]->prepareWait(fds, interest[i]) == -EAGAIN)
             return 0;
+    // A socket's own step due before the deadline ends the sleep then (pollWakeBy).
+    if (const int64_t by = takePollWakeBy(); by > 0 && (deadlineNs < 0 || by < deadlineNs))
+        deadlineNs = by;
     const int r = ppollMs(fds->data(), fds->size(), remainingMs(deadlineNs), mask);
     waiters.clear();
     tWake.drain();
