@@ -238,6 +238,10 @@ public:
     // Progress calls made on this connection (each asks the provider for completions: on tcp a
     // system call): what the tests of readiness hints count.
     uint64_t progressCalls() const { return progressCalls_.load(std::memory_order_relaxed); }
+    // Resident bytes of the send and receive rings in use (mincore), and how many times idle
+    // rings gave their pages back (tests and statistics).
+    size_t ringResidentBytes();
+    uint64_t ringReleases() const { return ringReleases_.load(std::memory_order_relaxed); }
 
     // Statistics.
     uint64_t bytesSent() const { return bytesSent_.load(std::memory_order_relaxed); }
@@ -355,6 +359,13 @@ private:
     int64_t userTimeoutLocked(int64_t now); // the next look (0: none)
     int checkCmDataSize();
     int openQueues(bool waitSet);
+    uint64_t bytesMovedLocked() const
+    {
+        return bytesSent_.load(std::memory_order_relaxed) +
+               bytesReceived_.load(std::memory_order_relaxed);
+    }
+    void armRingTimerLocked();             // after the application moved bytes
+    int64_t ringTickLocked(int64_t nowNs); // the timer: release or look again (0: disarmed)
 
     Settings settings_;
     std::shared_ptr<Domain> domain_;
@@ -474,6 +485,13 @@ private:
     std::atomic<int64_t> appProgressNs_{0};
     std::atomic<int> appSleeping_{0};
     AdaptiveSpin spin_; // waitFor()'s spin before it sleeps
+    // Idle ring release (ring_idle.cpp): armed once bytes moved since the last release; the
+    // bytes moved when armed; when the timer is due.
+    bool ringRelease_ = false; // rings may give their pages back (setup(): provider, settings)
+    bool ringTimerArmed_ = false;
+    uint64_t ringStamp_ = 0;
+    int64_t ringDueNs_ = 0;
+    std::atomic<uint64_t> ringReleases_{0};
     std::atomic<uint64_t> progressCalls_{0};
     std::atomic<uint64_t> bytesSent_{0};
     std::atomic<uint64_t> bytesReceived_{0};

@@ -59,6 +59,9 @@ int Connection::setup(const fi_info *info)
         growSend = growRecv = false;
     }
     growth_.enable(growRecv, growSend);
+    // Not where registered memory is pinned (the pages must stay), nor where a write may land
+    // outside our calls into the provider.
+    ringRelease_ = settings_.ringIdleMs > 0 && !caps.mrAllocated && caps.placesInCalls;
     if (mem == MAP_FAILED) {
         memSize_ = 0;
         return -ENOMEM;

@@ -278,6 +278,7 @@ int Domain::get(const fi_info *info, bool strict, std::shared_ptr<Domain> *out, 
     c.maxTx = static_cast<uint32_t>(info->tx_attr->size);
     c.maxRx = static_cast<uint32_t>(info->rx_attr->size);
     c.iwarp = info->ep_attr->protocol == FI_PROTO_IWARP || c.cqDataSize < 4;
+    c.placesInCalls = c.name == "tcp" && info->domain_attr->data_progress == FI_PROGRESS_MANUAL;
     c.waitSets = !strict;
     if (c.waitSets) {
         // Asked once a domain, not assumed from the provider's name.

@@ -101,6 +101,8 @@ int64_t Connection::timerTick(int64_t now, bool *watch)
     int64_t next = keepaliveLocked(now);
     if (const int64_t ut = userTimeoutLocked(now); ut && (!next || ut < next))
         next = ut;
+    if (const int64_t rt = ringTickLocked(now); rt && (!next || rt < next))
+        next = rt;
     // Data still held for the cork (the flush found no credit at its deadline, or it came early).
     if (corkHeld_ && corkSinceNs_ && (!next || corkSinceNs_ + kCorkMaxNs < next))
         next = std::max(now + 1000000, corkSinceNs_ + kCorkMaxNs);

@@ -110,8 +110,10 @@ void Connection::progressLocked(bool app)
     // Written under mutex_: a plain increment, no locked instruction on the data path.
     progressCalls_.store(progressCalls_.load(std::memory_order_relaxed) + 1,
                          std::memory_order_relaxed);
-    if (app)
+    if (app) {
         appProgressNs_.store(nowNs(), std::memory_order_relaxed);
+        armRingTimerLocked();
+    }
     // Once connected the EQ only reports the endpoint going away, and reading it costs the tcp
     // provider a progress pass (a system call) of its own: the application's calls look at it
     // on every kEqInterval-th call only (waitFor() reads it before sleeping, and fi_trywait()

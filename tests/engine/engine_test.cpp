@@ -159,6 +159,54 @@ TEST_P(EngineTest, RingsGrowForBulkTransfersUnlessFixed)
     }
 }
 
+// Rings that grew give their pages back once the connection is quiet (Settings::ringIdleMs),
+// and the stream goes on intact over them.
+TEST_P(EngineTest, IdleRingsGiveTheirPagesBack)
+{
+    if (GetParam().strict)
+        GTEST_SKIP() << "registered memory is treated as pinned (FI_MR_ALLOCATED): pages stay";
+    Settings st = settings();
+    st.ringIdleMs = 200;
+    auto [c, s] = pair(st, st);
+    ASSERT_TRUE(c && s);
+    auto transfer = [&, cl = c.get(), sv = s.get()](size_t size, unsigned seed) {
+        std::vector<uint8_t> a(size), ra(size);
+        std::mt19937 rng(seed);
+        for (auto &x : a)
+            x = rng();
+        std::thread t([&] {
+            std::mt19937 r(seed + 1);
+            sendAll(*cl, a.data(), size, r, 256 * 1024);
+        });
+        std::mt19937 r2(seed + 2);
+        recvAll(*sv, ra.data(), size, r2, 300 * 1024);
+        t.join();
+        EXPECT_EQ(checksum(a.data(), size), checksum(ra.data(), size));
+    };
+    transfer(size_t(8) << 20, 11);
+    const size_t busy = c->ringResidentBytes() + s->ringResidentBytes();
+    RecordProperty("resident_after_transfer", std::to_string(busy));
+    EXPECT_GE(busy, 64u * 1024) << "the rings the bytes went through are backed";
+    // Quiet: the progress thread's timer gives the pages back after 200 ms.
+    for (int i = 0; i < 300 && (c->ringReleases() == 0 || s->ringReleases() == 0); i++)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_GT(c->ringReleases(), 0u);
+    EXPECT_GT(s->ringReleases(), 0u);
+    const size_t idle = c->ringResidentBytes() + s->ringResidentBytes();
+    RecordProperty("resident_when_idle", std::to_string(idle));
+    EXPECT_LE(idle, 16u * 1024) << "after " << busy << " bytes resident while busy";
+    // Bytes over the given-back pages, both ways, and a second release after them.
+    const uint64_t releases = s->ringReleases();
+    transfer(size_t(2) << 20, 21);
+    EXPECT_EQ(s->send("ok", 2), 2);
+    char buf[2];
+    EXPECT_EQ(c->recv(buf, 2, kWaitAll, 5000), 2);
+    EXPECT_EQ(std::string(buf, 2), "ok");
+    for (int i = 0; i < 300 && s->ringReleases() == releases; i++)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_GT(s->ringReleases(), releases);
+}
+
 // Where the address space for growing rings cannot be reserved (strict overcommit, or here an
 // address-space limit), connections still work, with rings of the configured size.
 TEST_P(EngineTest, RingsKeepTheirSizeWhenTheReservationFails)

@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: MIT
+// Idle rings give their pages back: a connection quiet for Settings::ringIdleMs with nothing in
+// its rings lets the kernel reclaim them (MADV_DONTNEED); the pages are backed again as used.
+
+#include "connection.h"
+#include "connection_detail.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "progress.h"
+
+namespace rstream {
+
+namespace {
+
+// The whole pages of [base, base + len): a ring's first and last pages may hold other data.
+bool wholePages(uint8_t *base, size_t len, uint8_t **start, size_t *bytes)
+{
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const auto b = reinterpret_cast<uintptr_t>(base);
+    const uintptr_t s = (b + page - 1) / page * page;
+    const uintptr_t e = (b + len) / page * page;
+    if (e <= s)
+        return false;
+    *start = reinterpret_cast<uint8_t *>(s);
+    *bytes = e - s;
+    return true;
+}
+
+void release(uint8_t *base, size_t len)
+{
+    uint8_t *start;
+    size_t bytes;
+    if (wholePages(base, len, &start, &bytes))
+        madvise(start, bytes, MADV_DONTNEED);
+}
+
+size_t resident(uint8_t *base, size_t len)
+{
+    uint8_t *start;
+    size_t bytes;
+    if (!base || !wholePages(base, len, &start, &bytes))
+        return 0;
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    std::vector<unsigned char> vec(bytes / page);
+    if (mincore(start, bytes, vec.data()) != 0)
+        return 0;
+    size_t n = 0;
+    for (unsigned char v : vec)
+        n += v & 1;
+    return n * page;
+}
+
+} // namespace
+
+void Connection::armRingTimerLocked()
+{
+    // Called on the application's progress: one branch and two loads while nothing changes.
+    if (ringTimerArmed_ || !ringRelease_)
+        return;
+    const uint64_t moved = bytesMovedLocked();
+    if (moved == ringStamp_)
+        return; // nothing moved since the last release: nothing new to give back
+    ringTimerArmed_ = true;
+    ringStamp_ = moved;
+    ringDueNs_ = nowNs() + int64_t(settings_.ringIdleMs) * 1000000;
+    ProgressThread::instance().schedule(this, ringDueNs_);
+}
+
+int64_t Connection::ringTickLocked(int64_t now)
+{
+    if (!ringTimerArmed_)
+        return 0;
+    if (now < ringDueNs_)
+        return ringDueNs_;
+    const uint64_t moved = bytesMovedLocked();
+    if (moved != ringStamp_) {
+        // Bytes moved in the interval: look again one interval after this.
+        ringStamp_ = moved;
+        ringDueNs_ = now + int64_t(settings_.ringIdleMs) * 1000000;
+        return ringDueNs_;
+    }
+    ringTimerArmed_ = false; // re-armed by the next bytes the application moves
+    if (state_ != State::Connected || error_ || !mem_)
+        return 0;
+    bool released = false;
+    // The receive ring: nothing unread, no copy out of it under way, no switch to a new one
+    // pending. The peer may write into it at any time, but (placesInCalls) only inside our
+    // calls into the provider, which are made under this lock.
+    if (rx_.readable() == 0 && !rxOld_.size && !rxCopying_ && !nextMr_) {
+        release(recvBase_, rx_.size);
+        released = true;
+    }
+    // The send ring: every byte sent and completed, and no sender copying into it (senders copy
+    // under sendMutex_ without this lock).
+    if (tx_.tail == tx_.done && !corkHeld_) {
+        std::unique_lock<std::mutex> send(sendMutex_, std::try_to_lock);
+        if (send.owns_lock()) {
+            release(sendBase_, tx_.size);
+            released = true;
+        }
+    }
+    if (released)
+        ringReleases_.fetch_add(1, std::memory_order_relaxed);
+    return 0;
+}
+
+size_t Connection::ringResidentBytes()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    return resident(sendBase_, tx_.size) + resident(recvBase_, rx_.size);
+}
+
+} // namespace rstream
