@@ -228,6 +228,7 @@ Slot *Registry::claimLocked(ConnRecord &rec)
     s->owedSlots.store(0, std::memory_order_relaxed);
     s->sendBuf.store(0, std::memory_order_relaxed);
     s->recvBuf.store(0, std::memory_order_relaxed);
+    s->ringResidentKib.store(0, std::memory_order_relaxed);
     s->state.store(kOpen, std::memory_order_relaxed);
     s->seq.store(q + 2, std::memory_order_release);
     if (h->used.load(std::memory_order_relaxed) < index + 1)
@@ -354,6 +355,9 @@ void Registry::refresh(Header *h, uint32_t request)
         s->owedSlots.store(f.owedSlots, std::memory_order_relaxed);
         s->sendBuf.store(f.sendBuf, std::memory_order_relaxed);
         s->recvBuf.store(f.recvBuf, std::memory_order_relaxed);
+        s->ringResidentKib.store(static_cast<uint32_t>(std::min<uint64_t>(f.ringResident / 1024,
+                                                                           UINT32_MAX)),
+                                 std::memory_order_relaxed);
         s->refreshed.store(request, std::memory_order_release);
     }
     // The last references to connections closed meanwhile go here, outside the lock.

@@ -128,6 +128,8 @@ struct alignas(64) Slot
     std::atomic<uint64_t> owedBytes;       // ring space we owe the peer, not returned yet
     std::atomic<uint32_t> sendBuf;
     std::atomic<uint32_t> recvBuf;
+    // KiB of the rings backed by memory now (was padding: 0 from older writers).
+    std::atomic<uint32_t> ringResidentKib;
 };
 static_assert(sizeof(Slot) == 192);
 

@@ -214,6 +214,7 @@ bool Connection::flowState(FlowState *out)
     out->owedSlots = local_.slotsDue();
     out->sendBuf = static_cast<uint32_t>(tx_.size);
     out->recvBuf = static_cast<uint32_t>(rx_.size);
+    out->ringResident = ringResidentLocked();
     return true;
 }
 

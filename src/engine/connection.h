@@ -227,6 +227,7 @@ public:
         uint32_t owedSlots = 0;       // receive slots reposted and not yet returned
         uint32_t sendBuf = 0;
         uint32_t recvBuf = 0;
+        uint64_t ringResident = 0; // bytes of the two rings backed by memory now (mincore)
     };
     bool flowState(FlowState *out);
 
@@ -364,6 +365,7 @@ private:
         return bytesSent_.load(std::memory_order_relaxed) +
                bytesReceived_.load(std::memory_order_relaxed);
     }
+    size_t ringResidentLocked();
     void armRingTimerLocked();             // after the application moved bytes
     int64_t ringTickLocked(int64_t nowNs); // the timer: release or look again (0: disarmed)
 

@@ -33,9 +33,9 @@ struct ProviderCaps
     // The fabric opens wait sets (fi_wait_open): a connection's CQ and EQ then share one. verbs
     // has none (fi_no_wait_open); strict mode does without, as verbs must.
     bool waitSets = true;
-    // Remote writes land only inside our own calls into the provider (tcp, whose data progress
-    // is manual: the target places a write when it reads its socket): an empty ring's pages can
-    // be given back under the connection's lock without racing a write.
+    // The provider touches our memory only inside our own calls into it (tcp, whose data
+    // progress is manual) and registration pins nothing: a send ring whose writes all completed
+    // can give its pages back under the connection's lock.
     bool placesInCalls = false;
 };
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
-// Idle rings give their pages back: a connection quiet for Settings::ringIdleMs with nothing in
-// its rings lets the kernel reclaim them (MADV_DONTNEED); the pages are backed again as used.
+// Idle send rings give their pages back: a connection quiet for Settings::ringIdleMs with
+// nothing in its send ring lets the kernel reclaim them (MADV_DONTNEED); backed again as used.
 
 #include "connection.h"
 #include "connection_detail.h"
@@ -86,13 +86,10 @@ int64_t Connection::ringTickLocked(int64_t now)
     if (state_ != State::Connected || error_ || !mem_)
         return 0;
     bool released = false;
-    // The receive ring: nothing unread, no copy out of it under way, no switch to a new one
-    // pending. The peer may write into it at any time, but (placesInCalls) only inside our
-    // calls into the provider, which are made under this lock.
-    if (rx_.readable() == 0 && !rxOld_.size && !rxCopying_ && !nextMr_) {
-        release(recvBase_, rx_.size);
-        released = true;
-    }
+    // Not the receive ring: empty as it looks, it may hold the first part of a peer's write
+    // whose rest has not arrived yet (the tcp provider places a write as its socket delivers
+    // it, and announces it at the end), which giving the pages back would zero; an outage in
+    // the middle of a transfer did that (e2e_netns_outage). Only the peer knows.
     // The send ring: every byte sent and completed, and no sender copying into it (senders copy
     // under sendMutex_ without this lock).
     if (tx_.tail == tx_.done && !corkHeld_) {
@@ -107,10 +104,15 @@ int64_t Connection::ringTickLocked(int64_t now)
     return 0;
 }
 
+size_t Connection::ringResidentLocked()
+{
+    return resident(sendBase_, tx_.size) + resident(recvBase_, rx_.size);
+}
+
 size_t Connection::ringResidentBytes()
 {
     std::lock_guard<std::mutex> lock(mutex_);
-    return resident(sendBase_, tx_.size) + resident(recvBase_, rx_.size);
+    return ringResidentLocked();
 }
 
 } // namespace rstream

@@ -32,9 +32,8 @@ struct Settings
     // riounmap() and close() with windows wait this long for the peer's UNMAPPED (its engine
     // answers at once), then reset the connection: either way no write lands after they return.
     int unmapTimeoutMs = 5000;
-    // A connection whose rings grew and then went this long without a byte gives their pages
-    // back (they are backed again as used); only where the provider places writes inside our
-    // calls (ProviderCaps::placesInCalls). 0: never.
+    // A connection that went this long without a byte gives its send ring's pages back (they
+    // are backed again as used); only where ProviderCaps::placesInCalls. 0: never.
     int ringIdleMs = 2000;
     bool iwarp = false;  // force RMA write + small send instead of write with immediate
     bool strict = false; // ask the provider for verbs-shaped MR semantics (tests)

@@ -257,6 +257,7 @@ struct Row
     uint32_t owedSlots;
     uint32_t sendBuf; // ring sizes now (they grow for bulk transfers)
     uint32_t recvBuf;
+    uint32_t ringResidentKib;
     // Kernel connections, from sock_diag.
     bool kernelKnown = false;
     KernelInfo kernel;
@@ -441,6 +442,7 @@ bool readProcess(int pid, Process *p, bool explicitPid)
             r.owedSlots = s.owedSlots.load(std::memory_order_relaxed);
             r.sendBuf = s.sendBuf.load(std::memory_order_relaxed);
             r.recvBuf = s.recvBuf.load(std::memory_order_relaxed);
+            r.ringResidentKib = s.ringResidentKib.load(std::memory_order_relaxed);
             std::atomic_thread_fence(std::memory_order_acquire);
             if (s.seq.load(std::memory_order_relaxed) != q1)
                 continue; // changed while we read it
@@ -566,6 +568,7 @@ void printJson(const Process &p)
             num("rtt_us", r.rttUs, r.refreshed);
             num("send_ring", r.sendBuf, r.refreshed);
             num("recv_ring", r.recvBuf, r.refreshed);
+            num("ring_resident", uint64_t(r.ringResidentKib) * 1024, r.refreshed);
         } else {
             num("sent", r.kernel.sent, r.kernelKnown && r.kernel.haveBytes);
             num("received", r.kernel.received, r.kernelKnown && r.kernel.haveBytes);

@@ -73,6 +73,9 @@ ring=$(biggest "$work/s2.json" send_ring)
 [ -n "$ring" ] && [ "$ring" -gt 32768 ] || fail "client: the data connection's send ring did not grow ($ring)"
 ring=$(biggest "$work/v2.json" recv_ring)
 [ -n "$ring" ] && [ "$ring" -gt 32768 ] || fail "server: the data connection's receive ring did not grow ($ring)"
+# The rings' resident memory: the busy receive ring is backed (the bytes pass through it).
+res=$(biggest "$work/v2.json" ring_resident)
+[ -n "$res" ] && [ "$res" -gt 0 ] || fail "server: no resident ring memory reported ($res)"
 # Server: the same two, accepted on its port.
 n=$(grep -Eo "\"path\": \"fabric\", \"direction\": \"accepted\", \"state\": \"established\", \"local\": \"(127.0.0.1|\[::ffff:127.0.0.1\]):$port\"" "$work/v2.json" | wc -l)
 [ "$n" -eq 2 ] || fail "server: $n established fabric connections on port $port, expected 2"
