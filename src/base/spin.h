@@ -12,8 +12,10 @@ namespace rstream {
 // these machines a cross-CPU wake-up alone takes tens of microseconds), but every wait that
 // outlasts the window burns the whole window for nothing. So the window follows the waits:
 // one that ended within the cap (RSTREAM_POLL_US) sets it to twice its length, so a ping-pong
-// spins through its round trips; one that outlasted the cap halves it, so a server that sees a
-// request every millisecond, or an idle one, soon sleeps at once. Every kProbeEvery-th wait
+// spins through its round trips; one that outlasted the cap by more than a wake-up's worth
+// (kWakeSlackNs: a wait that slept is measured with its wake-up, which a spin would have saved)
+// halves it, so a server that sees a request every millisecond, or an idle one, soon sleeps at
+// once. Every kProbeEvery-th wait
 // spins the whole cap, so a falling window can learn that waits got short again even where
 // its sleeps' wake-ups alone push every measured wait past the cap.
 //
@@ -24,6 +26,9 @@ class AdaptiveSpin
 public:
     static constexpr uint32_t kProbeEvery = 16;
     static constexpr int64_t kFloorNs = 1000; // below this a window is no window
+    // A cross-CPU wake-up takes tens of microseconds on a shared machine: a wait that slept
+    // this much past the cap may have ended within it.
+    static constexpr int64_t kWakeSlackNs = 100000;
 
     // The spin for the wait starting now, in ns, with the cap in ns (0: never spin).
     int64_t windowNs(int64_t capNs)
@@ -47,7 +52,7 @@ public:
             w = capNs;
         if (waitedNs <= capNs)
             w = std::min(capNs, std::max(w, 2 * waitedNs));
-        else
+        else if (waitedNs > capNs + kWakeSlackNs)
             w = w / 2 < kFloorNs ? 0 : w / 2;
         window_.store(w, std::memory_order_relaxed);
     }

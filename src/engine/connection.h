@@ -243,6 +243,8 @@ public:
     // rings gave their pages back (tests and statistics).
     size_t ringResidentBytes();
     uint64_t ringReleases() const { return ringReleases_.load(std::memory_order_relaxed); }
+    // The spins blocking waits chose before sleeping, summed (AdaptiveSpin; tests).
+    uint64_t spinChosenNs() const { return spinChosenNs_.load(std::memory_order_relaxed); }
 
     // Statistics.
     uint64_t bytesSent() const { return bytesSent_.load(std::memory_order_relaxed); }
@@ -487,6 +489,7 @@ private:
     std::atomic<int64_t> appProgressNs_{0};
     std::atomic<int> appSleeping_{0};
     AdaptiveSpin spin_; // waitFor()'s spin before it sleeps
+    std::atomic<uint64_t> spinChosenNs_{0}; // the spins waitFor() chose, summed (tests)
     // Idle ring release (ring_idle.cpp): armed once bytes moved since the last release; the
     // bytes moved when armed; when the timer is due.
     bool ringRelease_ = false; // rings may give their pages back (setup(): provider, settings)

@@ -103,7 +103,11 @@ int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
         int64_t now = nowNs();
         if (!missNs) {
             missNs = now;
-            spinEnd = now + spin_.windowNs(capNs);
+            const int64_t window = spin_.windowNs(capNs);
+            spinEnd = now + window;
+            spinChosenNs_.store(spinChosenNs_.load(std::memory_order_relaxed) +
+                                    static_cast<uint64_t>(window),
+                                std::memory_order_relaxed);
         }
         if (deadlineNs && now >= deadlineNs) {
             // Only a timeout past the cap says something (a zero timeout is a look, not a wait).

@@ -87,6 +87,20 @@ TEST(AdaptiveSpin, AProbeLetsAFallenWindowRise)
     EXPECT_EQ(s.currentNs(), 10000);
 }
 
+TEST(AdaptiveSpin, AWakeUpPastTheCapDoesNotShrinkTheWindow)
+{
+    // A wait that slept is measured with its wake-up: 120 us against a 50 us cap may be a
+    // request that came at 40 us. Only waits longer than the cap and a wake-up shrink it.
+    AdaptiveSpin s;
+    s.record(20000, kCap);
+    const int64_t w = s.currentNs();
+    for (int i = 0; i < 10; i++)
+        s.record(kCap + AdaptiveSpin::kWakeSlackNs, kCap);
+    EXPECT_EQ(s.currentNs(), w);
+    s.record(kCap + AdaptiveSpin::kWakeSlackNs + 1, kCap);
+    EXPECT_EQ(s.currentNs(), w / 2);
+}
+
 TEST(AdaptiveSpin, MixedWaitsKeepASmallWindow)
 {
     // Short and long waits in turn: the window stays at least as long as the short ones.
