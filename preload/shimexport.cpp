@@ -94,6 +94,9 @@ void afterForkChild()
     s.fabricBytesReceived.store(0);
     s.fabricListeners.store(0);
     s.kernelListeners.store(0);
+    s.sameHostConnections.store(0);
+    s.sameHostBytesSent.store(0);
+    s.sameHostBytesReceived.store(0);
     for (auto &f : s.fallbacks)
         f.store(0);
     // Taken before the fork by this same thread: unlocked, not constructed anew over the held
@@ -122,6 +125,8 @@ void publishTotals()
     if (!h)
         return;
     ShimStats &s = shimStats();
+    h->sameHostConnections.store(s.sameHostConnections.load(std::memory_order_relaxed),
+                                 std::memory_order_relaxed);
     h->fabricConnections.store(s.fabricConnections.load(std::memory_order_relaxed),
                                std::memory_order_relaxed);
     h->fallbackConnections.store(s.fallbackConnections.load(std::memory_order_relaxed),
@@ -257,6 +262,7 @@ void Registry::closedLocked(const ConnRecord &rec, uint64_t sent, uint64_t recei
     ClosedRecord c{};
     c.fd = rec.fd_;
     c.fabric = rec.fabric_;
+    c.sameHost = rec.sameHost();
     c.why = rec.why_;
     c.accepted = rec.accepted_;
     std::memcpy(&c.local, &rec.local_, sizeof(c.local));
@@ -355,9 +361,9 @@ void Registry::refresh(Header *h, uint32_t request)
         s->owedSlots.store(f.owedSlots, std::memory_order_relaxed);
         s->sendBuf.store(f.sendBuf, std::memory_order_relaxed);
         s->recvBuf.store(f.recvBuf, std::memory_order_relaxed);
-        s->ringResidentKib.store(static_cast<uint32_t>(std::min<uint64_t>(f.ringResident / 1024,
-                                                                           UINT32_MAX)),
-                                 std::memory_order_relaxed);
+        s->ringResidentKib.store(
+            static_cast<uint32_t>(std::min<uint64_t>(f.ringResident / 1024, UINT32_MAX)),
+            std::memory_order_relaxed);
         s->refreshed.store(request, std::memory_order_release);
     }
     // The last references to connections closed meanwhile go here, outside the lock.

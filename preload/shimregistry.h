@@ -23,6 +23,7 @@ struct ClosedRecord
 {
     int fd;
     bool fabric;
+    bool sameHost;
     Fallback why;
     bool accepted;
     sockaddr_in6 local; // or a sockaddr_in

@@ -105,6 +105,10 @@ ConnRecord::~ConnRecord()
         shimStats().fabricBytesSent.fetch_add(sent, std::memory_order_relaxed);
         shimStats().fabricBytesReceived.fetch_add(received, std::memory_order_relaxed);
     }
+    if (sameHost()) {
+        shimStats().sameHostBytesSent.fetch_add(sent, std::memory_order_relaxed);
+        shimStats().sameHostBytesReceived.fetch_add(received, std::memory_order_relaxed);
+    }
     Registry &r = Registry::instance();
     std::lock_guard<std::mutex> lock(r.mutex);
     if (index_ < r.live.size() && r.live[index_] == this) {
@@ -119,8 +123,17 @@ ConnRecord::~ConnRecord()
 
 void ConnRecord::setConnection(const std::shared_ptr<Connection> &conn)
 {
-    std::lock_guard<std::mutex> lock(Registry::instance().mutex);
-    conn_ = conn;
+    {
+        std::lock_guard<std::mutex> lock(Registry::instance().mutex);
+        conn_ = conn;
+        if (!conn || !conn->sameHost() || sameHost_.load(std::memory_order_relaxed))
+            return;
+        sameHost_.store(true, std::memory_order_relaxed);
+        if (slot_)
+            slot_->path.store(exportfile::kPathSameHost, std::memory_order_relaxed);
+    }
+    shimStats().sameHostConnections.fetch_add(1, std::memory_order_relaxed);
+    publishTotals();
 }
 
 void ConnRecord::readKernelBytes(int fd)
@@ -152,11 +165,16 @@ std::string shimStatsJson()
     std::string records;
     uint64_t openSent = 0;
     uint64_t openReceived = 0;
-    auto add = [&](int fd, bool fabric, Fallback why, bool accepted, const void *local,
-                   const void *peer, uint64_t sent, uint64_t received, bool open) {
+    uint64_t openSameSent = 0;
+    uint64_t openSameReceived = 0;
+    auto add = [&](int fd, bool fabric, bool sameHost, Fallback why, bool accepted,
+                   const void *local, const void *peer, uint64_t sent, uint64_t received,
+                   bool open) {
         char buf[160];
         std::snprintf(buf, sizeof(buf), "{\"fd\": %d, \"path\": \"%s\", ", fd,
-                      fabric ? "fabric" : "kernel");
+                      sameHost ? "same_host"
+                      : fabric ? "fabric"
+                               : "kernel");
         records += records.empty() ? "" : ", ";
         records += buf;
         if (!fabric)
@@ -172,7 +190,8 @@ std::string shimStatsJson()
     // Closed ones first, oldest first.
     for (size_t i = 0; i < r.closed.size(); i++) {
         const ClosedRecord &c = r.closed[(r.closedNext + i) % r.closed.size()];
-        add(c.fd, c.fabric, c.why, c.accepted, &c.local, &c.peer, c.sent, c.received, false);
+        add(c.fd, c.fabric, c.sameHost, c.why, c.accepted, &c.local, &c.peer, c.sent, c.received,
+            false);
     }
     for (ConnRecord *c : r.live) {
         if (!c->established_.load(std::memory_order_relaxed))
@@ -183,12 +202,17 @@ std::string shimStatsJson()
             received = c->bytes_->received.load(std::memory_order_relaxed);
             openSent += sent;
             openReceived += received;
+            if (c->sameHost()) {
+                openSameSent += sent;
+                openSameReceived += received;
+            }
         } else {
             c->readKernelBytes(c->fd_);
             sent = c->kernelSent_.load(std::memory_order_relaxed);
             received = c->kernelReceived_.load(std::memory_order_relaxed);
         }
-        add(c->fd_, c->fabric_, c->why_, c->accepted_, &c->local_, &c->peer_, sent, received, true);
+        add(c->fd_, c->fabric_, c->sameHost(), c->why_, c->accepted_, &c->local_, &c->peer_, sent,
+            received, true);
     }
     std::string reasons;
     for (int i = 1; i < kFallbackCount; i++) {
@@ -197,16 +221,20 @@ std::string shimStatsJson()
                       s.fallbacks[i].load(std::memory_order_relaxed));
         reasons += buf;
     }
-    char buf[640];
+    char buf[800];
     std::snprintf(buf, sizeof(buf),
                   "{\"pid\": %d, \"provider\": \"%s\", \"fabric_connections\": %" PRIu64
                   ", \"fallback_connections\": %" PRIu64 ", \"fabric_bytes_sent\": %" PRIu64
                   ", \"fabric_bytes_received\": %" PRIu64 ", \"fabric_listeners\": %" PRIu64
-                  ", \"kernel_listeners\": %" PRIu64 ", \"fallback_reasons\": {",
+                  ", \"kernel_listeners\": %" PRIu64 ", \"same_host_connections\": %" PRIu64
+                  ", \"same_host_bytes_sent\": %" PRIu64 ", \"same_host_bytes_received\": %" PRIu64
+                  ", \"fallback_reasons\": {",
                   static_cast<int>(getpid()), chooseProvider(Settings::fromEnv()).c_str(),
                   s.fabricConnections.load(), s.fallbackConnections.load(),
                   s.fabricBytesSent.load() + openSent, s.fabricBytesReceived.load() + openReceived,
-                  s.fabricListeners.load(), s.kernelListeners.load());
+                  s.fabricListeners.load(), s.kernelListeners.load(), s.sameHostConnections.load(),
+                  s.sameHostBytesSent.load() + openSameSent,
+                  s.sameHostBytesReceived.load() + openSameReceived);
     std::string json = buf;
     json += reasons + "}, \"connections\": [" + records +
             "], \"connections_unlisted\": " + std::to_string(r.unlisted) + "}";

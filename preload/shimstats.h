@@ -26,6 +26,10 @@ struct ShimStats
     std::atomic<uint64_t> fabricBytesReceived{0};
     std::atomic<uint64_t> fabricListeners{0};
     std::atomic<uint64_t> kernelListeners{0}; // listeners that got no fabric side
+    // Of the fabric connections, those whose bytes moved through same-host memory.
+    std::atomic<uint64_t> sameHostConnections{0};
+    std::atomic<uint64_t> sameHostBytesSent{0}; // of those already closed
+    std::atomic<uint64_t> sameHostBytesReceived{0};
     std::atomic<uint64_t> fallbacks[kFallbackCount] = {};
 };
 ShimStats &shimStats();
@@ -51,6 +55,7 @@ public:
 
     exportfile::ByteCounters &bytes() { return *bytes_; }
     bool fabric() const { return fabric_; }
+    bool sameHost() const { return sameHost_.load(std::memory_order_relaxed); }
     Fallback fallback() const { return why_; }
     // Fabric records: the engine connection, for the queues and credits rstream-stat shows.
     void setConnection(const std::shared_ptr<Connection> &conn);
@@ -66,6 +71,7 @@ private:
 
     const int fd_;
     const bool fabric_;
+    std::atomic<bool> sameHost_{false}; // setConnection(): the engine chose the same-host link
     const Fallback why_;
     const bool accepted_;
     const uint32_t generation_; // the fork generation it was created in

@@ -55,6 +55,8 @@ inline constexpr ConfigVar kConfigVars[] = {
      "bound on connection establishment, and the shim's fallback"},
     {"RSTREAM_IWARP", Kind::Flag, 0, 1, "0", "force write + send mode"},
     {"RSTREAM_STRICT", Kind::Flag, 0, 1, "0", "verbs-shaped memory registration (tests)"},
+    {"RSTREAM_SAME_HOST", Kind::Flag, 0, 1, "1",
+     "0: peers on this machine use the fabric too, not shared memory"},
     {"RSTREAM_LOG", Kind::Level, 0, 4, "warn", "log level"},
     {"RSTREAM_LOG_FILE", Kind::Text, 0, 0, "", "log file (%p = pid; empty: stderr)"},
     {"RSTREAM_BACKTRACE", Kind::Flag, 0, 1, "1",

@@ -70,7 +70,10 @@ constexpr const char *kPrefix = "rstream-"; // then the pid
 enum Path : uint32_t
 {
     kPathFabric = 1,
-    kPathKernel = 2
+    kPathKernel = 2,
+    // An engine connection whose bytes moved through memory shared with a peer process on this
+    // machine (the same-host transport), not the fabric.
+    kPathSameHost = 3
 };
 
 enum SlotState : uint32_t
@@ -157,6 +160,8 @@ struct Header
     std::atomic<uint64_t> fabricListeners;
     std::atomic<uint64_t> kernelListeners;
     std::atomic<uint64_t> fallbacks[16]; // by Fallback
+    // Of fabricConnections, those on the same-host transport (0 from older writers).
+    std::atomic<uint64_t> sameHostConnections;
 };
 static_assert(kFallbackCount <= 16);
 

@@ -107,6 +107,8 @@ int Connection::shutdown(int how)
     if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
         return -EINVAL;
     std::lock_guard<std::mutex> lock(mutex_);
+    if (shOn_.load(std::memory_order_relaxed))
+        return shShutdownLocked(how);
     progressLocked();
     // An accepted connection still finishing its handshake is connected for the application;
     // what it asks for is done once the handshake completes.
@@ -132,6 +134,11 @@ void Connection::close(std::unique_ptr<Connection> conn)
         return;
     {
         std::unique_lock<std::mutex> lock(conn->mutex_);
+        if (conn->shOn_.load(std::memory_order_relaxed)) {
+            // The bytes sent are in the peer's memory already: nothing to deliver later.
+            conn->shCloseLocked(false);
+            return;
+        }
         // The application may free its windows once it has closed the socket, and the
         // connection lives on to deliver what was sent: the peer answers their withdrawal.
         conn->releaseWindowsLocked(lock);
@@ -167,6 +174,10 @@ void Connection::abort(std::unique_ptr<Connection> conn)
     // The windows' regions are closed by the destructor, after the endpoint: no write lands in
     // them once this returns.
     std::lock_guard<std::mutex> lock(conn->mutex_);
+    if (conn->shOn_.load(std::memory_order_relaxed)) {
+        conn->shCloseLocked(true);
+        return;
+    }
     if (conn->state_ == State::Connected && !conn->error_ && !conn->closed_) {
         conn->sendWordLocked(wire::encodeCtrl(wire::Ctrl::Reset));
         conn->processCqLocked();
@@ -193,6 +204,8 @@ Connection::Info Connection::info()
     i.unackedBytes = static_cast<uint32_t>(tx_.unsent() + tx_.inFlight());
     i.probes = ka_.unanswered();
     i.probesSent = ka_.sent();
+    if (shOn_.load(std::memory_order_relaxed))
+        shInfoLocked(&i);
     return i;
 }
 
@@ -215,6 +228,8 @@ bool Connection::flowState(FlowState *out)
     out->sendBuf = static_cast<uint32_t>(tx_.size);
     out->recvBuf = static_cast<uint32_t>(rx_.size);
     out->ringResident = ringResidentLocked();
+    if (shOn_.load(std::memory_order_relaxed))
+        shFlowLocked(out);
     return true;
 }
 

@@ -24,6 +24,7 @@
 #include "progress.h"
 #include "ring.h"
 #include "ring_growth.h"
+#include "samehost.h"
 #include "settings.h"
 #include "spin.h"
 #include "tx_ring.h"
@@ -125,7 +126,12 @@ public:
     // its connections (hintFd(): the fd while armed, else -1) in one system call, and calls
     // hintQuiet() for each fd found not readable; peek() on this thread within that pass then
     // reads the state as it is. Any other look, or one whose fd was readable, makes progress.
-    int hintFd() const { return armed_.load(std::memory_order_acquire) ? waitFd_ : -1; }
+    int hintFd() const
+    {
+        return armed_.load(std::memory_order_acquire) && !shOn_.load(std::memory_order_acquire)
+                   ? waitFd_
+                   : -1;
+    }
     void hintQuiet() { hintPass_.store(tHintPass, std::memory_order_relaxed); }
     class HintPass
     {
@@ -150,7 +156,11 @@ public:
     static void abort(std::unique_ptr<Connection> conn);
 
     // The fd to poll for any change of this connection (data, space, connection, EOF).
-    int waitFd() const override { return waitFd_; }
+    int waitFd() const override
+    {
+        const int fd = shFd_.load(std::memory_order_acquire);
+        return fd >= 0 ? fd : waitFd_;
+    }
     // Arms the wait fd before sleeping on it: 0 when it is safe to sleep, -EAGAIN when events
     // are already pending (make progress and look again instead).
     int arm();
@@ -235,6 +245,12 @@ public:
     int peerAddress(sockaddr_storage *addr, socklen_t *len) const;
 
     bool iwarpMode() const { return iwarp_; }
+    // The bytes move through memory shared with the peer's process on this machine (samehost.h),
+    // not the fabric: chosen in the connection setup when both ends are in one kernel and one
+    // network namespace and both allow it (Settings::sameHost).
+    bool sameHost() const { return shOn_.load(std::memory_order_acquire); }
+    // Tests: the same-host link, to play a hostile peer's part on its shared words.
+    SameHostLink *testSameHostLink() { return sh_.get(); }
 
     // Progress calls made on this connection (each asks the provider for completions: on tcp a
     // system call): what the tests of readiness hints count.
@@ -360,8 +376,25 @@ private:
     int waitFor(int events, int64_t deadlineNs, bool progressed = false);
     int64_t keepaliveLocked(int64_t now);
     int64_t userTimeoutLocked(int64_t now); // the next look (0: none)
-    int checkCmDataSize();
+    int checkCmDataSize(size_t *max);       // *max: the CM data the provider carries
     int openQueues(bool waitSet);
+    // The same-host transport (samehost_conn.cpp). sendMutex_ / recvMutex_ held by the callers
+    // of shSendv / shRecvv.
+    ssize_t shSendv(const iovec *iov, int iovcnt, int flags, int64_t deadlineNs);
+    ssize_t shRecvv(const iovec *iov, int iovcnt, int flags, int64_t deadlineNs);
+    int shWaitFor(int events, int64_t deadlineNs);
+    int shReadyLocked(int events);
+    ssize_t shRecvStateLocked();
+    void shPeekLocked(ssize_t *recv, ssize_t *send);
+    int shArmLocked();
+    // The link is up and the fabric's part is done: pollers sleep on the link's fd from now on.
+    void shConnectedLocked();
+    // The connecting end, on the peer's answer: collects the link it sent (0), or -errno.
+    int shCollectLocked(const wire::Hello &peer);
+    void shCloseLocked(bool abortive);
+    int shShutdownLocked(int how);
+    void shInfoLocked(Info *i);
+    void shFlowLocked(FlowState *out);
     uint64_t bytesMovedLocked() const
     {
         return bytesSent_.load(std::memory_order_relaxed) +
@@ -488,7 +521,7 @@ private:
     // the progress thread keeps out of the way of an application that drives progress itself.
     std::atomic<int64_t> appProgressNs_{0};
     std::atomic<int> appSleeping_{0};
-    AdaptiveSpin spin_; // waitFor()'s spin before it sleeps
+    AdaptiveSpin spin_;                     // waitFor()'s spin before it sleeps
     std::atomic<uint64_t> spinChosenNs_{0}; // the spins waitFor() chose, summed (tests)
     // Idle ring release (ring_idle.cpp): armed once bytes moved since the last release; the
     // bytes moved when armed; when the timer is due.
@@ -498,6 +531,13 @@ private:
     int64_t ringDueNs_ = 0;
     std::atomic<uint64_t> ringReleases_{0};
     std::atomic<uint64_t> progressCalls_{0};
+    // The same-host link: set before the data path starts (the accepting end, before it
+    // answers; the connecting end, when the answer arrives) and kept until destruction.
+    std::unique_ptr<SameHostLink> sh_;
+    std::atomic<bool> shOn_{false};
+    std::atomic<int> shFd_{-1};         // the link's fd, once pollers sleep on it
+    std::atomic<bool> shShutRd_{false}; // SHUT_RD, read by the receiver without mutex_
+    uint64_t shToken_ = 0;              // the offer this end made or took
     std::atomic<uint64_t> bytesSent_{0};
     std::atomic<uint64_t> bytesReceived_{0};
 };

@@ -5,6 +5,7 @@
 #include "connection_detail.h"
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstring>
 
@@ -13,9 +14,16 @@
 #include "clock.h"
 #include "log.h"
 #include "progress.h"
+#include "samehost_setup.h"
 #include "upgrade_wire.h"
 
 namespace rstream {
+
+namespace {
+// A same-host ring's size when the buffers asked for are smaller: a copy each way needs no
+// more than the caches hold, and pages are only backed as they are touched.
+constexpr uint64_t kSameHostRing = 256 * 1024;
+} // namespace
 
 wire::Hello Connection::localHello() const
 {
@@ -84,15 +92,21 @@ int Connection::connect(const sockaddr *addr, socklen_t len, bool nonblock)
         }
         std::memcpy(&peerAddr_, addr, len);
         peerLen_ = len;
-        uint8_t hello[wire::kHelloSize];
-        wire::encodeHello(localHello(), hello);
-        ret = checkCmDataSize();
+        size_t cmMax = 0;
+        ret = checkCmDataSize(&cmMax);
         if (ret < 0) {
             state_ = State::Closed;
             error_ = ret;
             return ret;
         }
-        ret = fi_connect(ep_, info_->dest_addr, hello, sizeof(hello));
+        wire::Hello mine = localHello();
+        if (settings_.sameHost && cmMax >= wire::kHelloSameHostSize) {
+            offerSameHost(&mine);
+            shToken_ = mine.token;
+        }
+        uint8_t hello[wire::kHelloSameHostSize];
+        const size_t helloLen = wire::encodeHello(mine, hello);
+        ret = fi_connect(ep_, info_->dest_addr, hello, helloLen);
         if (ret) {
             state_ = State::Closed;
             error_ = fiErr(ret);
@@ -118,7 +132,7 @@ int Connection::connect(const sockaddr *addr, socklen_t len, bool nonblock)
     }
 }
 
-int Connection::checkCmDataSize()
+int Connection::checkCmDataSize(size_t *maxOut)
 {
     // The hello travels as CM private data, whose size the provider bounds (verbs: 56 bytes in
     // a connection request); one that does not fit would be truncated or refused by the peer.
@@ -127,8 +141,10 @@ int Connection::checkCmDataSize()
     int ret = fi_getopt(&ep_->fid, FI_OPT_ENDPOINT, FI_OPT_CM_DATA_SIZE, &max, &len);
     if (ret) {
         RS_LOG(Debug, "provider does not report its CM data size (%s): trying", fi_strerror(-ret));
+        *maxOut = wire::kHelloSize;
         return 0;
     }
+    *maxOut = max;
     if (max < wire::kHelloSize) {
         RS_LOG(Error,
                "provider %s carries %zu bytes of connection data, the rstream hello needs %zu",
@@ -219,6 +235,10 @@ void Connection::processEqLocked()
                     failLocked(-ECONNREFUSED, "peer's hello rejected");
                     continue;
                 }
+                if (shCollectLocked(peer) < 0) {
+                    failLocked(-ECONNREFUSED, "the same-host link the peer sent did not arrive");
+                    continue;
+                }
                 state_ = State::Connected;
                 txEvents_.fetch_add(1, std::memory_order_relaxed);
             } else if (state_ == State::Accepting) {
@@ -230,7 +250,9 @@ void Connection::processEqLocked()
                 if (fi_getname(&ep_->fid, &localAddr_, &l) == 0)
                     localLen_ = static_cast<socklen_t>(l);
             }
-            if (state_ == State::Connected && !passive_) {
+            if (state_ == State::Connected && shOn_.load(std::memory_order_relaxed)) {
+                shConnectedLocked();
+            } else if (state_ == State::Connected && !passive_) {
                 passive_ = true;
                 ProgressThread::instance().addPassive(this, waitFd_);
                 if (ka_.on())
@@ -285,15 +307,32 @@ int Connection::acceptLocked(fi_info *connreq, const wire::Hello &peer)
         if (fi_getpeer(ep_, &peerAddr_, &l) == 0)
             peerLen_ = static_cast<socklen_t>(l);
     }
-    uint8_t hello[wire::kHelloSize];
-    wire::encodeHello(localHello(), hello);
-    ret = checkCmDataSize();
+    size_t cmMax = 0;
+    ret = checkCmDataSize(&cmMax);
     if (ret < 0)
         return ret;
+    wire::Hello mine = localHello();
+    if (settings_.sameHost && peer.token && cmMax >= wire::kHelloSameHostSize) {
+        // The region goes to the peer's inbox before the answer, so it is there when the
+        // answer arrives; declined, the connection stays on the fabric.
+        const uint64_t ring = std::bit_ceil(std::clamp<uint64_t>(
+            std::max(settings_.sendBuf, settings_.recvBuf), kSameHostRing, shm::kMaxRing / 16));
+        if (acceptSameHost(peer, ring, &sh_) == 0) {
+            shToken_ = peer.token;
+            mine.token = peer.token;
+            mine.hostKey = peer.hostKey;
+        }
+    }
+    uint8_t hello[wire::kHelloSameHostSize];
+    const size_t helloLen = wire::encodeHello(mine, hello);
     connectStartNs_ = nowNs();
-    ret = fi_accept(ep_, hello, sizeof(hello));
-    if (ret)
+    ret = fi_accept(ep_, hello, helloLen);
+    if (ret) {
+        sh_.reset();
         return fiErr(ret);
+    }
+    if (sh_)
+        shOn_.store(true, std::memory_order_release);
     state_ = State::Accepting;
     // A peer that never completes the handshake must not be progressed forever.
     connectDeadlineNs_ = connectStartNs_ + int64_t(settings_.connectTimeoutMs) * 1000000;

@@ -97,6 +97,16 @@ int64_t Connection::timerTick(int64_t now, bool *watch)
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock())
         return now + 1000000; // the application is in a call: look again shortly
+    if (shOn_.load(std::memory_order_relaxed) && state_ != State::Accepting) {
+        // The link's socket tells when the peer goes: no keepalive. Only corked data waits.
+        if (!sh_->held() || !corkSinceNs_)
+            return 0;
+        if (now < corkSinceNs_ + kCorkMaxNs)
+            return corkSinceNs_ + kCorkMaxNs;
+        sh_->flush();
+        corkSinceNs_ = 0;
+        return 0;
+    }
     progressLocked(false);
     int64_t next = keepaliveLocked(now);
     if (const int64_t ut = userTimeoutLocked(now); ut && (!next || ut < next))
@@ -119,6 +129,10 @@ bool Connection::passiveProgress(bool *watch)
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock())
         return true; // the application is making progress itself
+    if (shOn_.load(std::memory_order_relaxed)) {
+        passive_ = false;
+        return false;
+    }
     progressLocked(false);
     // Resets the wait set's signal when nothing is pending, or the fd would stay readable and
     // bring the connection back every round. Sleepers were woken by progressLocked() already.

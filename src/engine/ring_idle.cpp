@@ -112,6 +112,8 @@ size_t Connection::ringResidentLocked()
 size_t Connection::ringResidentBytes()
 {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (shOn_.load(std::memory_order_relaxed))
+        return sh_->residentBytes();
     return ringResidentLocked();
 }
 

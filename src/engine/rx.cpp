@@ -31,6 +31,8 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
     std::lock_guard<std::mutex> recvLock(recvMutex_);
     size_t copied = 0;
     for (;;) {
+        if (shOn_.load(std::memory_order_acquire))
+            return copied ? static_cast<ssize_t>(copied) : shRecvv(iov, iovcnt, flags, deadline);
         uint64_t n;
         ssize_t state;
         bool progressed = false;
@@ -105,7 +107,8 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
 
 void Connection::progressLocked(bool app)
 {
-    if (!ep_)
+    // A same-host connection's endpoint only carried the setup.
+    if (!ep_ || (state_ == State::Connected && shOn_.load(std::memory_order_relaxed)))
         return;
     // Written under mutex_: a plain increment, no locked instruction on the data path.
     progressCalls_.store(progressCalls_.load(std::memory_order_relaxed) + 1,

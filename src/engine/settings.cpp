@@ -74,6 +74,7 @@ Settings loadEnv()
         static_cast<int>(config::getInt("RSTREAM_CONNECT_TIMEOUT_MS", s.connectTimeoutMs));
     s.iwarp = config::getInt("RSTREAM_IWARP", s.iwarp) != 0;
     s.strict = config::getInt("RSTREAM_STRICT", s.strict) != 0;
+    s.sameHost = config::getInt("RSTREAM_SAME_HOST", 1) != 0;
     if (const char *p = config::getString("RSTREAM_PROVIDER"))
         s.provider = p;
     return s;

@@ -40,6 +40,10 @@ struct Settings
     // The preload shim's sockets: a connect says it can take a Defer refusal (and upgrade
     // in-band); a listener defers such connects from other processes (listener.h).
     bool upgrade = false;
+    // Offer and take the same-host transport (samehost.h) for peers in this kernel and network
+    // namespace. fromEnv() turns it on (RSTREAM_SAME_HOST, default 1), as the rsocket API and
+    // the shim run; a Settings made in code, as the engine's tests make theirs, asks for it.
+    bool sameHost = false;
     std::string provider; // empty: verbs when usable, else tcp
 
     // The defaults overridden by RSTREAM_* environment variables (the registry in configvars.h

@@ -31,6 +31,8 @@ ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs
     std::lock_guard<std::mutex> sendLock(sendMutex_);
     size_t sent = 0;
     for (;;) {
+        if (shOn_.load(std::memory_order_acquire))
+            return sent ? static_cast<ssize_t>(sent) : shSendv(iov, iovcnt, flags, deadline);
         uint64_t pos, n;
         uint8_t *base;
         uint64_t size;
@@ -258,6 +260,11 @@ void Connection::setCork(bool on)
     if (cork_ == on)
         return;
     cork_ = on;
+    if (!on && shOn_.load(std::memory_order_relaxed)) {
+        sh_->flush();
+        corkSinceNs_ = 0;
+        return;
+    }
     if (!on) {
         flushLocked(false);
         watch();

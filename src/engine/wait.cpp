@@ -78,6 +78,10 @@ int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
     int64_t missNs = 0, spinEnd = 0;
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
+        if (shOn_.load(std::memory_order_relaxed)) {
+            lock.unlock();
+            return shWaitFor(events, deadlineNs);
+        }
         if (!progressed)
             progressLocked();
         progressed = false;
@@ -214,6 +218,8 @@ int Connection::rearmLocked()
 int Connection::arm()
 {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (shOn_.load(std::memory_order_relaxed))
+        return shArmLocked();
     if (!ep_ || armed_.load(std::memory_order_relaxed))
         return 0;
     int ret = armLocked();
@@ -241,6 +247,11 @@ ssize_t Connection::peekRecv()
 {
     std::lock_guard<std::mutex> lock(mutex_);
     progressLocked();
+    if (shOn_.load(std::memory_order_relaxed)) {
+        ssize_t r, s;
+        shPeekLocked(&r, &s);
+        return r;
+    }
     return peekRecvLocked();
 }
 
@@ -248,12 +259,23 @@ ssize_t Connection::peekSend()
 {
     std::lock_guard<std::mutex> lock(mutex_);
     progressLocked();
+    if (shOn_.load(std::memory_order_relaxed)) {
+        ssize_t r, s;
+        shPeekLocked(&r, &s);
+        return s;
+    }
     return peekSendLocked();
 }
 
 void Connection::peek(ssize_t *recv, ssize_t *send)
 {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (shOn_.load(std::memory_order_relaxed)) {
+        if (state_ == State::Accepting)
+            progressLocked();
+        shPeekLocked(recv, send);
+        return;
+    }
     if (tHintPass && hintPass_.load(std::memory_order_relaxed) == tHintPass &&
         armed_.load(std::memory_order_relaxed) && quietLocked()) {
         // The progress thread keeps out of the way of an application that looks.
@@ -363,6 +385,11 @@ int Connection::backgroundProgress(bool *closedDone)
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock())
         return kProgressBusy;
+    if (shOn_.load(std::memory_order_relaxed) && state_ != State::Accepting) {
+        // Nothing of a same-host connection needs the thread once its setup is done.
+        watched_ = false;
+        return kProgressDone;
+    }
     const bool appRecent = nowNs() - appProgressNs_.load(std::memory_order_relaxed) < kAppIdleNs;
     if (appRecent && !closing_)
         return kProgressBusy;

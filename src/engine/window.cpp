@@ -26,6 +26,9 @@ int Connection::mapWindow(void *buf, size_t len, bool remote, off_t offset, off_
     if (!buf || len == 0 || len > kMaxOff || offset < -1 ||
         (offset >= 0 && len > kMaxOff - uint64_t(offset)))
         return -EINVAL;
+    // Windows are the fabric's remote writes; the peer's memory on this host is not shared.
+    if (shOn_.load(std::memory_order_acquire))
+        return -EOPNOTSUPP;
     std::lock_guard<std::mutex> lock(mutex_);
     progressLocked();
     if (error_)
@@ -122,6 +125,8 @@ ssize_t Connection::writeWindow(const void *buf, size_t len, off_t offset, int f
 {
     if (offset < 0 || (len > 0 && !buf))
         return -EINVAL;
+    if (shOn_.load(std::memory_order_acquire))
+        return -EINVAL; // no window can exist (mapWindow() refused them)
     const int64_t deadline = deadlineFor(timeoutMs);
     const auto *src = static_cast<const uint8_t *>(buf);
     std::lock_guard<std::mutex> sendLock(sendMutex_);

@@ -132,7 +132,7 @@ T get(const uint8_t *&p)
 
 } // namespace
 
-void encodeHello(const Hello &h, uint8_t out[kHelloSize])
+size_t encodeHello(const Hello &h, uint8_t *out)
 {
     uint8_t *p = out;
     put<uint32_t>(p, h.magic);
@@ -144,6 +144,12 @@ void encodeHello(const Hello &h, uint8_t out[kHelloSize])
     put<uint32_t>(p, h.rxSlots);
     put<uint32_t>(p, h.ioMapSize);
     put<uint32_t>(p, h.process);
+    if (!h.token)
+        return kHelloSize;
+    put<uint32_t>(p, h.hostKey);
+    put<uint32_t>(p, h.inbox);
+    put<uint64_t>(p, h.token);
+    return kHelloSameHostSize;
 }
 
 int decodeHello(const void *data, size_t len, Hello *out)
@@ -161,6 +167,11 @@ int decodeHello(const void *data, size_t len, Hello *out)
     h.rxSlots = get<uint32_t>(p);
     h.ioMapSize = get<uint32_t>(p);
     h.process = get<uint32_t>(p);
+    if (len >= kHelloSameHostSize) {
+        h.hostKey = get<uint32_t>(p);
+        h.inbox = get<uint32_t>(p);
+        h.token = get<uint64_t>(p);
+    }
     if (h.magic != kMagic || h.version != kVersion)
         return -EPROTO;
     if (h.flags & ~(kFlagIwarp | kFlagVirtAddr | kFlagGrow | kFlagUpgrade))

@@ -151,11 +151,19 @@ void encodeIoMapRecord(const IoMapRecord &rec, uint8_t out[kIoMapRecordSize]);
 int decodeIoMapRecord(const void *data, size_t len, IoMapRecord *out);
 
 // CM private data: sent by the connecting side with fi_connect and answered with fi_accept.
-// All fields in network byte order on the wire; 40 bytes.
+// All fields in network byte order on the wire; 40 bytes, or 56 with the same-host extension
+// (bytes 40..55: hostKey, inbox, token), which an end that does not know it ignores:
+//   connect  the connecting end offers the same-host transport (samehost.h): hostKey names its
+//            kernel and network namespace, inbox its process's inbox socket, token (never 0)
+//            the connection
+//   accept   the accepting end took the offer: token echoes the connect's, and the region has
+//            been sent to the inbox; an answer without the extension keeps the fabric
+// 56 bytes is all a verbs connection request carries.
 constexpr uint32_t kMagic = 0x5253544d; // "RSTM"
 // Version 2: each receive ring registered on its own (GROW, nextRingKey()), UNMAPPED.
 constexpr uint16_t kVersion = 2;
 constexpr size_t kHelloSize = 40;
+constexpr size_t kHelloSameHostSize = 56;
 
 enum HelloFlags : uint16_t
 {
@@ -178,11 +186,17 @@ struct Hello
     uint32_t rxSlots = 0;   // receive slots posted: the peer's initial message credits
     uint32_t ioMapSize = 0; // riomap() windows the sender accepts from its peer (0 .. kMaxIoMaps)
     uint32_t process = 0;   // kFlagUpgrade: a random id of the connecting process, else 0
+    // The same-host extension, sent when token != 0.
+    uint32_t hostKey = 0;
+    uint32_t inbox = 0;
+    uint64_t token = 0;
 
     bool operator==(const Hello &) const = default;
 };
 
-void encodeHello(const Hello &hello, uint8_t out[kHelloSize]);
+// Returns the bytes written into out: kHelloSize, or kHelloSameHostSize with the extension
+// (hello.token != 0).
+size_t encodeHello(const Hello &hello, uint8_t *out);
 
 // Decodes and validates: -EPROTO for a bad magic or version, -EINVAL for out-of-range fields.
 int decodeHello(const void *data, size_t len, Hello *out);

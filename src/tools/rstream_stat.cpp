@@ -272,6 +272,7 @@ struct Process
     bool refresher = false;
     uint32_t dropped = 0;
     uint64_t fabricConnections = 0;
+    uint64_t sameHostConnections = 0; // of fabricConnections
     uint64_t fallbackConnections = 0;
     uint64_t fabricListeners = 0;
     uint64_t kernelListeners = 0;
@@ -401,6 +402,7 @@ bool readProcess(int pid, Process *p, bool explicitPid)
         request = requestRefresh(h, &p->refreshed);
     p->dropped = h->dropped.load(std::memory_order_relaxed);
     p->fabricConnections = h->fabricConnections.load(std::memory_order_relaxed);
+    p->sameHostConnections = h->sameHostConnections.load(std::memory_order_relaxed);
     p->fallbackConnections = h->fallbackConnections.load(std::memory_order_relaxed);
     p->fabricListeners = h->fabricListeners.load(std::memory_order_relaxed);
     p->kernelListeners = h->kernelListeners.load(std::memory_order_relaxed);
@@ -479,20 +481,29 @@ std::string reasonsText(const Process &p)
     return s;
 }
 
+const char *pathName(uint32_t path)
+{
+    return path == kPathSameHost ? "same" : path == kPathFabric ? "fabric" : "kernel";
+}
+
 void printText(const Process &p)
 {
-    size_t fabric = 0;
-    for (const Row &r : p.rows)
+    size_t fabric = 0, same = 0;
+    for (const Row &r : p.rows) {
         fabric += r.path == kPathFabric;
-    std::printf("pid %d (%s), provider %s: %zu open connection%s (%zu fabric, %zu kernel); "
-                "since start %" PRIu64 " fabric, %" PRIu64 " kernel%s%s%s\n",
+        same += r.path == kPathSameHost;
+    }
+    std::printf("pid %d (%s), provider %s: %zu open connection%s (%zu fabric, %zu same-host, %zu "
+                "kernel); since start %" PRIu64 " fabric (%" PRIu64 " same-host), %" PRIu64
+                " kernel%s%s%s\n",
                 p.pid, p.program.c_str(), p.provider.c_str(), p.rows.size(),
-                p.rows.size() == 1 ? "" : "s", fabric, p.rows.size() - fabric, p.fabricConnections,
-                p.fallbackConnections, p.fallbackConnections ? " (" : "", reasonsText(p).c_str(),
+                p.rows.size() == 1 ? "" : "s", fabric, same, p.rows.size() - fabric - same,
+                p.fabricConnections, p.sameHostConnections, p.fallbackConnections,
+                p.fallbackConnections ? " (" : "", reasonsText(p).c_str(),
                 p.fallbackConnections ? ")" : "");
     if (p.dropped)
         std::printf("  (%u connections not shown: the export's table was full)\n", p.dropped);
-    if (fabric && !p.refreshed)
+    if ((fabric || same) && !p.refreshed)
         std::printf("  (queues and credits not refreshed: the process did not answer)\n");
     if (p.rows.empty())
         return;
@@ -500,7 +511,7 @@ void printText(const Process &p)
                 "STATE", "LOCAL", "PEER", "SENT", "RECEIVED", "SEND-Q", "RECV-Q", "CREDIT", "OWED",
                 "RINGS", "REASON");
     for (const Row &r : p.rows) {
-        const bool fab = r.path == kPathFabric;
+        const bool fab = r.path == kPathFabric || r.path == kPathSameHost;
         std::string sent, received, sendQ, recvQ, credit = "-", owed = "-", rings = "-";
         if (fab) {
             sent = std::to_string(r.sent);
@@ -521,7 +532,7 @@ void printText(const Process &p)
             sent = received = sendQ = recvQ = "-";
         }
         std::printf("%-6d %-6s %-11s %-25s %-25s %12s %12s %8s %8s %12s %10s %15s %s\n", r.fd,
-                    fab ? "fabric" : "kernel", stateOf(r).c_str(), text(r.local).c_str(),
+                    pathName(r.path), stateOf(r).c_str(), text(r.local).c_str(),
                     text(r.peer).c_str(), sent.c_str(), received.c_str(), sendQ.c_str(),
                     recvQ.c_str(), credit.c_str(), owed.c_str(), rings.c_str(),
                     fab ? "-" : fallbackName(r.why));
@@ -534,6 +545,7 @@ void printJson(const Process &p)
                     ", \"program\": " + jsonString(p.program) +
                     ", \"provider\": " + jsonString(p.provider) +
                     ", \"fabric_connections\": " + std::to_string(p.fabricConnections) +
+                    ", \"same_host_connections\": " + std::to_string(p.sameHostConnections) +
                     ", \"fallback_connections\": " + std::to_string(p.fallbackConnections) +
                     ", \"fabric_listeners\": " + std::to_string(p.fabricListeners) +
                     ", \"kernel_listeners\": " + std::to_string(p.kernelListeners) +
@@ -545,10 +557,13 @@ void printJson(const Process &p)
          ", \"not_shown\": " + std::to_string(p.dropped) + ", \"connections\": [";
     bool first = true;
     for (const Row &r : p.rows) {
-        const bool fab = r.path == kPathFabric;
+        const bool fab = r.path == kPathFabric || r.path == kPathSameHost;
         s += first ? "" : ", ";
         first = false;
-        s += "{\"fd\": " + std::to_string(r.fd) + ", \"path\": \"" + (fab ? "fabric" : "kernel") +
+        s += "{\"fd\": " + std::to_string(r.fd) + ", \"path\": \"" +
+             (r.path == kPathSameHost ? "same_host"
+              : fab                   ? "fabric"
+                                      : "kernel") +
              "\", \"direction\": \"" + (r.accepted ? "accepted" : "connected") +
              "\", \"state\": " + jsonString(stateOf(r)) +
              ", \"local\": " + jsonString(text(r.local)) +

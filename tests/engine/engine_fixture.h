@@ -24,13 +24,12 @@ struct Mode
     const char *name;
     bool iwarp;
     bool strict;
+    bool sameHost = false; // both ends in this process: the same-host transport carries it
 };
 
 inline const Mode kModes[] = {
-    {"default", false, false},
-    {"iwarp", true, false},
-    {"strict", false, true},
-    {"strict_iwarp", true, true},
+    {"default", false, false},    {"iwarp", true, false},           {"strict", false, true},
+    {"strict_iwarp", true, true}, {"samehost", false, false, true},
 };
 
 inline uint32_t checksum(const uint8_t *p, size_t n, uint32_t h = 2166136261u)
@@ -51,6 +50,7 @@ protected:
         s.provider = "tcp";
         s.iwarp = GetParam().iwarp;
         s.strict = GetParam().strict;
+        s.sameHost = GetParam().sameHost;
         return s;
     }
 
@@ -88,6 +88,11 @@ protected:
         auto c = connect(client);
         t.join();
         listener_ = std::move(l);
+        if (c && accepted) {
+            // Which transport carried it: the one the settings asked for.
+            EXPECT_EQ(c->sameHost(), client.sameHost && server.sameHost);
+            EXPECT_EQ(accepted->sameHost(), client.sameHost && server.sameHost);
+        }
         return {std::move(c), std::move(accepted)};
     }
 

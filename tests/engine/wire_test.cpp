@@ -439,14 +439,40 @@ TEST(WireHello, RejectsIoMapSizesOutOfRange)
 
 TEST(WireHello, AcceptsLongerPrivateData)
 {
-    // Providers may pad CM private data; the trailing bytes are not ours.
+    // Providers may pad CM private data (rdma_cm with zeros); the trailing bytes are not ours.
     Hello h = sampleHello();
     uint8_t buf[64];
-    std::memset(buf, 0xee, sizeof(buf));
-    encodeHello(h, buf);
+    std::memset(buf, 0, sizeof(buf));
+    EXPECT_EQ(encodeHello(h, buf), kHelloSize);
     Hello out{};
     ASSERT_EQ(decodeHello(buf, sizeof(buf), &out), 0);
     EXPECT_EQ(out, h);
+    // Other padding reads as a same-host offer or answer that matches nothing: an offer names
+    // another machine (hostKey) or an inbox that does not exist, an answer's token is not the
+    // one offered; either way the fabric carries the connection.
+    std::memset(buf, 0xee, sizeof(buf));
+    encodeHello(h, buf);
+    ASSERT_EQ(decodeHello(buf, sizeof(buf), &out), 0);
+    out.hostKey = out.inbox = 0;
+    out.token = 0;
+    EXPECT_EQ(out, h);
+}
+
+TEST(WireHello, SameHostExtensionRoundTrips)
+{
+    Hello h = sampleHello();
+    h.hostKey = 0x01020304;
+    h.inbox = 0xa0b0c0d0;
+    h.token = 0x1122334455667788ull;
+    uint8_t buf[kHelloSameHostSize];
+    ASSERT_EQ(encodeHello(h, buf), kHelloSameHostSize);
+    Hello out{};
+    ASSERT_EQ(decodeHello(buf, sizeof(buf), &out), 0);
+    EXPECT_EQ(out, h);
+    // An end that knows only the first 40 bytes reads the same hello without the offer.
+    ASSERT_EQ(decodeHello(buf, kHelloSize, &out), 0);
+    EXPECT_EQ(out.token, 0u);
+    EXPECT_EQ(out.ringSize, h.ringSize);
 }
 
 TEST(WireHello, RejectsBadMagicVersionOrLength)

@@ -1,0 +1,409 @@
+// SPDX-License-Identifier: MIT
+// The same-host link's region and data path: rings in a sealed memfd, checked indices, wake-ups.
+
+#include "samehost.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <vector>
+
+#include "connection_detail.h"
+#include "kernel.h"
+#include "log.h"
+
+namespace rstream {
+
+namespace {
+bool validRing(uint64_t size)
+{
+    return size >= shm::kMinRing && size <= shm::kMaxRing && (size & (size - 1)) == 0;
+}
+
+void storeMax(std::atomic<uint64_t> &a, uint64_t v)
+{
+    uint64_t cur = a.load(std::memory_order_relaxed);
+    while (cur < v && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+    }
+}
+} // namespace
+
+SameHostLink::~SameHostLink()
+{
+    if (sock_ >= 0)
+        sys::close(sock_);
+    if (mem_)
+        munmap(mem_, memSize_);
+}
+
+int SameHostLink::mapRegion(int memfd, size_t size)
+{
+    void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    if (p == MAP_FAILED)
+        return -errno;
+    mem_ = static_cast<uint8_t *>(p);
+    memSize_ = size;
+    return 0;
+}
+
+int SameHostLink::create(uint64_t ring0, uint64_t ring1, int *memfd,
+                         std::unique_ptr<SameHostLink> *out)
+{
+    if (!validRing(ring0) || !validRing(ring1))
+        return -EINVAL;
+    const size_t size = shm::kHeaderBytes + ring0 + ring1;
+    // Not in any file system: only a process the fd is handed to can map it.
+    int fd = memfd_create("rstream-samehost", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -errno;
+    std::unique_ptr<SameHostLink> link(new SameHostLink());
+    int r = 0;
+    if (ftruncate(fd, static_cast<off_t>(size)) < 0)
+        r = -errno;
+    // The peer can neither shrink the region under this end's mapping (a SIGBUS) nor grow it.
+    if (r == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+        r = -errno;
+    if (r == 0)
+        r = link->mapRegion(fd, size);
+    if (r < 0) {
+        sys::close(fd);
+        return r;
+    }
+    auto *h = reinterpret_cast<shm::Header *>(link->mem_);
+    h->magic = shm::kMagic;
+    h->version = shm::kVersion;
+    h->ringSize[0] = ring0;
+    h->ringSize[1] = ring1;
+    link->tx_ = &h->dir[0];
+    link->rx_ = &h->dir[1];
+    link->txRing_ = link->mem_ + shm::kHeaderBytes;
+    link->rxRing_ = link->txRing_ + ring0;
+    link->txSize_ = ring0;
+    link->rxSize_ = ring1;
+    *memfd = fd;
+    *out = std::move(link);
+    return 0;
+}
+
+int SameHostLink::attach(int memfd, std::unique_ptr<SameHostLink> *out)
+{
+    const int seals = fcntl(memfd, F_GET_SEALS);
+    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+        return -EPROTO;
+    struct stat st;
+    if (fstat(memfd, &st) < 0)
+        return -EPROTO;
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    if (size < shm::kHeaderBytes + 2 * shm::kMinRing ||
+        size > shm::kHeaderBytes + 2 * shm::kMaxRing)
+        return -EPROTO;
+    std::unique_ptr<SameHostLink> link(new SameHostLink());
+    int r = link->mapRegion(memfd, size);
+    if (r < 0)
+        return r == -EPERM || r == -EACCES ? -EPROTO : r;
+    // Read once: the sizes this end works with from now on are its own copies.
+    const auto *h = reinterpret_cast<volatile const shm::Header *>(link->mem_);
+    const uint32_t magic = h->magic, version = h->version;
+    const uint64_t ring0 = h->ringSize[0], ring1 = h->ringSize[1];
+    if (magic != shm::kMagic || version != shm::kVersion || !validRing(ring0) ||
+        !validRing(ring1) || shm::kHeaderBytes + ring0 + ring1 != size)
+        return -EPROTO;
+    auto *hdr = reinterpret_cast<shm::Header *>(link->mem_);
+    link->tx_ = &hdr->dir[1];
+    link->rx_ = &hdr->dir[0];
+    link->rxRing_ = link->mem_ + shm::kHeaderBytes;
+    link->txRing_ = link->rxRing_ + ring0;
+    link->rxSize_ = ring0;
+    link->txSize_ = ring1;
+    *out = std::move(link);
+    return 0;
+}
+
+void SameHostLink::corrupt(const char *what)
+{
+    int expected = 0;
+    if (err_.compare_exchange_strong(expected, -ECONNRESET)) {
+        RS_LOG(Warn, "same-host peer wrote a bad %s: connection reset", what);
+        myFlags_.fetch_or(shm::kReset);
+        tx_->flags.v.store(myFlags_.load(), std::memory_order_release);
+        wakePeer();
+    }
+}
+
+void SameHostLink::wakePeer()
+{
+    if (sock_ < 0)
+        return;
+    char b = 0;
+    iovec iov{&b, 1};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    // A full socket already holds a wake-up; a peer that went needs none (and no SIGPIPE).
+    (void)sys::sendmsg(sock_, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+uint64_t SameHostLink::peerFlags()
+{
+    const uint64_t f = rx_->flags.v.load(std::memory_order_acquire);
+    if (f & ~shm::kKnownFlags) {
+        corrupt("flag");
+        return 0;
+    }
+    // Flags are never taken back: what was seen once stays.
+    return peerFlagsSeen_.fetch_or(f, std::memory_order_relaxed) | f;
+}
+
+size_t SameHostLink::write(const iovec *iov, int iovcnt, size_t skip, size_t len, bool hold)
+{
+    if (err_.load(std::memory_order_relaxed) || myFlags_.load(std::memory_order_relaxed))
+        return 0;
+    const uint64_t tail = txTail_.load(std::memory_order_relaxed);
+    const uint64_t head = tx_->head.v.load(std::memory_order_acquire);
+    if (head < txHeadSeen_.load(std::memory_order_relaxed) || head > tail) {
+        corrupt("head index");
+        return 0;
+    }
+    storeMax(txHeadSeen_, head);
+    const uint64_t n = std::min<uint64_t>(len, txSize_ - (tail - head));
+    if (n == 0)
+        return 0;
+    copyRing(txRing_, txSize_, tail & (txSize_ - 1), iov, iovcnt, skip, n, true);
+    txTail_.store(tail + n, std::memory_order_release);
+    if (!hold) {
+        publish(tail + n);
+    } else {
+        const uint64_t frame = std::clamp<uint64_t>(txSize_ / 4, 4096, 256 * 1024);
+        const uint64_t pub = txPublished_.load(std::memory_order_relaxed);
+        if (tail + n - pub >= frame)
+            publish(pub + (tail + n - pub) / frame * frame);
+    }
+    return n;
+}
+
+void SameHostLink::publish(uint64_t pos)
+{
+    {
+        std::lock_guard<std::mutex> lock(pubMutex_);
+        if (pos <= txPublished_.load(std::memory_order_relaxed))
+            return;
+        txPublished_.store(pos, std::memory_order_relaxed);
+        tx_->tail.v.store(pos, std::memory_order_release);
+    }
+    // Against the reader's store of readerWaiting and its look at tail (both seq_cst).
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (tx_->readerWaiting.v.load(std::memory_order_relaxed) &&
+        tx_->readerWaiting.v.exchange(0, std::memory_order_acq_rel))
+        wakePeer();
+}
+
+uint64_t SameHostLink::held() const
+{
+    return txTail_.load(std::memory_order_acquire) - txPublished_.load(std::memory_order_relaxed);
+}
+
+void SameHostLink::flush()
+{
+    publish(txTail_.load(std::memory_order_acquire));
+}
+
+size_t SameHostLink::read(const iovec *iov, int iovcnt, size_t skip, size_t len, bool peek)
+{
+    if (err_.load(std::memory_order_relaxed))
+        return 0;
+    const uint64_t head = rxHead_.load(std::memory_order_relaxed);
+    const uint64_t tail = rx_->tail.v.load(std::memory_order_acquire);
+    if (tail < rxTailSeen_.load(std::memory_order_relaxed) || tail < head ||
+        tail - head > rxSize_) {
+        corrupt("tail index");
+        return 0;
+    }
+    storeMax(rxTailSeen_, tail);
+    const uint64_t n = std::min<uint64_t>(len, tail - head);
+    if (n == 0)
+        return 0;
+    copyRing(rxRing_, rxSize_, head & (rxSize_ - 1), iov, iovcnt, skip, n, false);
+    if (peek)
+        return n;
+    rxHead_.store(head + n, std::memory_order_relaxed);
+    rx_->head.v.store(head + n, std::memory_order_release);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (rx_->writerWaiting.v.load(std::memory_order_relaxed) &&
+        rx_->writerWaiting.v.exchange(0, std::memory_order_acq_rel))
+        wakePeer();
+    return n;
+}
+
+uint64_t SameHostLink::readable() const
+{
+    const uint64_t head = rxHead_.load(std::memory_order_relaxed);
+    const uint64_t tail = rx_->tail.v.load(std::memory_order_acquire);
+    return tail > head ? std::min(tail - head, rxSize_) : 0;
+}
+
+uint64_t SameHostLink::unreadByPeer() const
+{
+    const uint64_t head = tx_->head.v.load(std::memory_order_acquire);
+    const uint64_t tail = txTail_.load(std::memory_order_relaxed);
+    return tail > head ? tail - head : 0;
+}
+
+ssize_t SameHostLink::recvState()
+{
+    if (const int e = err_.load(std::memory_order_acquire))
+        return e;
+    // Flags before tail: the producer publishes its last tail before SHUT_WR.
+    const uint64_t f = peerFlags();
+    if (const int e = err_.load(std::memory_order_acquire))
+        return e;
+    if (f & shm::kReset)
+        return -ECONNRESET;
+    const uint64_t seen = rxTailSeen_.load(std::memory_order_relaxed);
+    const uint64_t head = rxHead_.load(std::memory_order_relaxed);
+    const uint64_t tail = rx_->tail.v.load(std::memory_order_acquire);
+    if (tail < seen || tail < head) {
+        corrupt("tail index");
+        return err_.load();
+    }
+    storeMax(rxTailSeen_, tail);
+    if (tail > head)
+        return static_cast<ssize_t>(std::min(tail - head, rxSize_));
+    if (f & shm::kShutWr)
+        return 0;
+    if (peerGone_.load(std::memory_order_acquire))
+        // A process that ends with bytes it never read resets its connections, as the kernel
+        // does; one that read everything closes them.
+        return unreadByPeer() ? -ECONNRESET : 0;
+    return -EAGAIN;
+}
+
+ssize_t SameHostLink::sendState()
+{
+    if (const int e = err_.load(std::memory_order_acquire))
+        return e;
+    const uint64_t f = peerFlags();
+    if (const int e = err_.load(std::memory_order_acquire))
+        return e;
+    if (f & shm::kReset)
+        return -ECONNRESET;
+    if (myFlags_.load(std::memory_order_relaxed) || (f & shm::kClosed) ||
+        peerGone_.load(std::memory_order_acquire))
+        return -EPIPE;
+    const uint64_t head = tx_->head.v.load(std::memory_order_acquire);
+    const uint64_t tail = txTail_.load(std::memory_order_relaxed);
+    if (head < txHeadSeen_.load(std::memory_order_relaxed) || head > tail) {
+        corrupt("head index");
+        return err_.load();
+    }
+    storeMax(txHeadSeen_, head);
+    return static_cast<ssize_t>(txSize_ - (tail - head));
+}
+
+bool SameHostLink::observe(uint64_t *rxChanges, uint64_t *txChanges)
+{
+    const uint64_t f = peerFlags();
+    const uint64_t tail = rx_->tail.v.load(std::memory_order_acquire);
+    const uint64_t head = tx_->head.v.load(std::memory_order_acquire);
+    const bool gone = peerGone_.load(std::memory_order_acquire);
+    const int err = err_.load(std::memory_order_acquire);
+    bool rx = tail != seenTail_ || f != seenFlags_ || gone != seenGone_ || err != seenErr_;
+    bool tx = head != seenHead_ || gone != seenGone_ || err != seenErr_ ||
+              (f & shm::kReset) != (seenFlags_ & shm::kReset);
+    seenTail_ = tail;
+    seenHead_ = head;
+    seenFlags_ = f;
+    seenGone_ = gone;
+    seenErr_ = err;
+    if (rx)
+        ++*rxChanges;
+    if (tx)
+        ++*txChanges;
+    return rx || tx;
+}
+
+bool SameHostLink::drain()
+{
+    char buf[256];
+    bool any = false;
+    for (int i = 0; i < 16; i++) {
+        const ssize_t r = sys::read(sock_, buf, sizeof(buf));
+        if (r == -EAGAIN || r == -EINTR)
+            return any;
+        if (r <= 0) {
+            peerGone_.store(true, std::memory_order_release);
+            return true;
+        }
+        any = true;
+        if (size_t(r) < sizeof(buf))
+            return any;
+    }
+    return any;
+}
+
+int SameHostLink::arm(bool read, bool write, bool *drained)
+{
+    *drained = false;
+    if (sock_ < 0)
+        return 0;
+    *drained = drain();
+    if (read)
+        rx_->readerWaiting.v.store(1, std::memory_order_seq_cst);
+    if (write)
+        tx_->writerWaiting.v.store(1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    const uint64_t f = rx_->flags.v.load(std::memory_order_acquire);
+    if (rx_->tail.v.load(std::memory_order_acquire) != seenTail_ ||
+        tx_->head.v.load(std::memory_order_acquire) != seenHead_ ||
+        (seenFlags_ | f) != seenFlags_ || peerGone_.load(std::memory_order_acquire) != seenGone_ ||
+        err_.load(std::memory_order_acquire) != seenErr_)
+        return -EAGAIN;
+    return 0;
+}
+
+bool SameHostLink::notice(int64_t nowNs)
+{
+    if (sock_ < 0 || nowNs - lastNoticeNs_.load(std::memory_order_relaxed) < 1000000)
+        return false;
+    lastNoticeNs_.store(nowNs, std::memory_order_relaxed);
+    // The end of the socket only shows once the wake-ups before it are read.
+    return drain();
+}
+
+void SameHostLink::shutWr(bool closed)
+{
+    flush(); // EOF comes after every byte written
+    myFlags_.fetch_or(shm::kShutWr | (closed ? shm::kClosed : 0));
+    tx_->flags.v.store(myFlags_.load(), std::memory_order_release);
+    wakePeer();
+}
+
+void SameHostLink::reset()
+{
+    myFlags_.fetch_or(shm::kReset);
+    tx_->flags.v.store(myFlags_.load(), std::memory_order_release);
+    wakePeer();
+}
+
+void SameHostLink::closeSocket()
+{
+    if (sock_ >= 0)
+        sys::shutdown(sock_, SHUT_RDWR);
+}
+
+size_t SameHostLink::residentBytes() const
+{
+    const long page = sysconf(_SC_PAGESIZE);
+    const size_t pages = (memSize_ + page - 1) / page;
+    std::vector<unsigned char> vec(pages);
+    if (mincore(mem_, memSize_, vec.data()) < 0)
+        return 0;
+    size_t n = 0;
+    for (unsigned char v : vec)
+        n += v & 1;
+    return n * page;
+}
+
+} // namespace rstream

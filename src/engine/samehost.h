@@ -1,0 +1,174 @@
+// SPDX-License-Identifier: MIT
+// The same-host transport: a connection's two byte streams in memory shared by its two processes.
+//
+// When both ends of a connection run in one kernel and one network namespace, the accepting end
+// creates a sealed memfd (samehost_setup.cpp) holding a header and two rings, one for each
+// direction, and hands it with SCM_RIGHTS over a UNIX stream socket to the connecting end's
+// inbox. That socket stays as the link's wake-up and liveness channel: its one fd is what pollers
+// sleep on, a byte on it wakes the peer, and the kernel ends it when the peer's process goes.
+//
+// Each direction is a single-producer single-consumer ring. The producer copies bytes in at
+// tail and publishes tail; the consumer copies them out at head and publishes head: one copy in,
+// one copy out, no system call while both ends are busy. A side about to sleep sets its waiting
+// word (readerWaiting, writerWaiting) and looks again; the other side, after publishing, clears
+// it and sends one byte on the socket, so a wake-up costs a system call only when someone sleeps.
+//
+// The peer is untrusted: every index and flag it writes is read once, checked against what this
+// end knows (tail never behind what was seen nor more than a ring ahead of head, head never past
+// tail), and a bad one resets the connection. Offsets are taken modulo the ring size this end
+// validated at setup, so no value the peer writes reaches memory outside the region; the memfd is
+// sealed against resizing, so the mapping cannot be cut short under this end.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <sys/uio.h>
+
+namespace rstream {
+
+namespace shm {
+constexpr uint32_t kMagic = 0x52534831; // "RSH1"
+constexpr uint32_t kVersion = 1;
+// The producer's flags: no more data after tail (SHUT_WR, close), or an abortive close.
+constexpr uint64_t kShutWr = 1;
+constexpr uint64_t kReset = 2;
+constexpr uint64_t kClosed = 4; // with kShutWr: the producer closed its end and reads no more
+constexpr uint64_t kKnownFlags = kShutWr | kReset | kClosed;
+constexpr size_t kHeaderBytes = 4096;
+constexpr uint64_t kMinRing = 4096;
+constexpr uint64_t kMaxRing = 64ull << 20;
+
+struct alignas(64) Word
+{
+    std::atomic<uint64_t> v;
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared words must be lock-free");
+
+// One direction's words, each on a cache line of its own.
+struct DirCtl
+{
+    Word tail;          // producer: bytes written, ever
+    Word flags;         // producer: kShutWr, kReset
+    Word head;          // consumer: bytes consumed, ever
+    Word readerWaiting; // consumer sets 1 before sleeping; the producer clears it and wakes it
+    Word writerWaiting; // producer sets 1 before sleeping; the consumer clears it and wakes it
+};
+
+// Direction 0 carries the accepting end's bytes, direction 1 the connecting end's.
+struct Header
+{
+    uint32_t magic;
+    uint32_t version;
+    uint64_t ringSize[2];
+    alignas(64) DirCtl dir[2];
+};
+static_assert(sizeof(Header) <= kHeaderBytes);
+} // namespace shm
+
+class SameHostLink
+{
+public:
+    ~SameHostLink();
+    SameHostLink(const SameHostLink &) = delete;
+    SameHostLink &operator=(const SameHostLink &) = delete;
+
+    // The accepting end: a sealed memfd with rings of ring0 (its bytes) and ring1 (the peer's)
+    // bytes, powers of two within kMinRing..kMaxRing. *memfd is the caller's to send and close.
+    static int create(uint64_t ring0, uint64_t ring1, int *memfd,
+                      std::unique_ptr<SameHostLink> *out);
+    // The connecting end: maps a memfd the peer sent after checking its seals, size and header.
+    // -EPROTO for anything a well-behaved peer would not send.
+    static int attach(int memfd, std::unique_ptr<SameHostLink> *out);
+    // The socket to the peer (the link owns it from now on).
+    void setSocket(int sock) { sock_ = sock; }
+    int fd() const { return sock_; }
+    uint64_t sendRing() const { return txSize_; }
+    uint64_t recvRing() const { return rxSize_; }
+
+    // Sender side (one sender at a time): copies up to len bytes from the iovecs, skip bytes in,
+    // into the ring; returns the bytes copied (0 when the ring is full or the link failed).
+    // hold (TCP_CORK, MSG_MORE): the peer sees whole frames (a quarter of the ring) only; the
+    // rest waits for a write without hold or flush().
+    size_t write(const iovec *iov, int iovcnt, size_t skip, size_t len, bool hold = false);
+    // Bytes written and held back from the peer; flush() publishes them (any thread).
+    uint64_t held() const;
+    void flush();
+    // Receiver side (one receiver at a time): copies up to len bytes out; peek leaves them.
+    size_t read(const iovec *iov, int iovcnt, size_t skip, size_t len, bool peek);
+
+    // Readiness, from any thread. recvState: bytes readable, 0 at EOF, -EAGAIN, -ECONNRESET.
+    // sendState: bytes of room, or -EPIPE (shut down, or the peer closed), -ECONNRESET.
+    ssize_t recvState();
+    ssize_t sendState();
+    uint64_t unreadByPeer() const; // bytes sent that the peer has not read yet
+    uint64_t readable() const;
+    // Serial numbers of what changed what a poller sees: data or EOF arrived, room appeared.
+    // Each call compares with the last and counts a change.
+    bool observe(uint64_t *rxChanges, uint64_t *txChanges);
+
+    // Before sleeping on fd(): reads the wake-up bytes (and notices a peer that went), sets the
+    // waiting words for what is wanted, and returns -EAGAIN when something changed since the
+    // last observe() (look again instead of sleeping). *drained: wake-up bytes were read, which
+    // other sleepers on the same fd may have been woken for.
+    int arm(bool read, bool write, bool *drained);
+    // Reads the wake-up bytes now and then even without sleeping, so that a peer that went is
+    // noticed by a program that only polls without blocking (bounded: once a millisecond).
+    // true: bytes were read, which sleepers on fd() may have been woken for (as arm()).
+    bool notice(int64_t nowNs);
+
+    // This end: no more data (SHUT_WR; closed: nothing read any more either, so the peer's
+    // writes fail with EPIPE), or an abortive close; the peer is woken either way.
+    void shutWr(bool closed = false);
+    void reset();
+    // Close: the socket is shut down for both directions (a forked child's copy of it must not
+    // keep the peer from seeing the end).
+    void closeSocket();
+    // The link failed locally (a bad index or flag from the peer): its error, 0 if none.
+    int error() const { return err_.load(std::memory_order_acquire); }
+    // Bytes of the region backed by memory now (mincore).
+    size_t residentBytes() const;
+
+    // Tests: the words of this end's receive direction, as a hostile peer would write them.
+    shm::DirCtl *testRecvDir() { return rx_; }
+    shm::DirCtl *testSendDir() { return tx_; }
+
+private:
+    SameHostLink() = default;
+    int mapRegion(int memfd, size_t size);
+    void corrupt(const char *what);
+    void wakePeer();
+    void publish(uint64_t pos); // the peer may read up to pos
+    uint64_t peerFlags();       // validated; 0 after a bad value (the link failed)
+    bool drain();               // true: bytes were read, or the peer went
+
+    uint8_t *mem_ = nullptr;
+    size_t memSize_ = 0;
+    int sock_ = -1;
+    shm::DirCtl *tx_ = nullptr; // this end produces
+    shm::DirCtl *rx_ = nullptr; // this end consumes
+    uint8_t *txRing_ = nullptr;
+    uint8_t *rxRing_ = nullptr;
+    uint64_t txSize_ = 0;
+    uint64_t rxSize_ = 0;
+    // This end's own copies: the peer never writes these.
+    std::atomic<uint64_t> txTail_{0};      // sender: what it copied in
+    std::atomic<uint64_t> txPublished_{0}; // what the peer may read (tail in the region)
+    std::mutex pubMutex_;                  // publishers: the sender, flush() from elsewhere
+    std::atomic<uint64_t> rxHead_{0};      // receiver: what it published
+    std::atomic<uint64_t> rxTailSeen_{0};
+    std::atomic<uint64_t> txHeadSeen_{0};
+    std::atomic<uint64_t> myFlags_{0};
+    std::atomic<uint64_t> peerFlagsSeen_{0};
+    std::atomic<bool> peerGone_{false}; // the socket ended: the peer closed or died
+    std::atomic<int> err_{0};
+    std::atomic<int64_t> lastNoticeNs_{0};
+    // observe()'s last view.
+    uint64_t seenTail_ = 0, seenHead_ = 0, seenFlags_ = 0;
+    bool seenGone_ = false;
+    int seenErr_ = 0;
+};
+
+} // namespace rstream

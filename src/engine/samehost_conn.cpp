@@ -1,0 +1,365 @@
+// SPDX-License-Identifier: MIT
+// A connection whose bytes move over a same-host link (samehost.h): its data path, readiness,
+// waiting, shutdown and close. The fabric endpoint only carried the setup: once the link is up
+// nothing is progressed on it, and it is closed with the connection.
+
+#include "connection.h"
+#include "connection_detail.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+
+#include "clock.h"
+#include "kernel.h"
+#include "log.h"
+#include "progress.h"
+#include "samehost_setup.h"
+
+namespace rstream {
+
+namespace {
+// A sleeping thread's wake-up: as waitFor()'s, one eventfd per thread.
+thread_local int tShWake = -1;
+[[maybe_unused]] const int gForkHandlers = pthread_atfork(nullptr, nullptr, [] {
+    // The fd is the parent's too (see wait.cpp): the child makes its own.
+    if (tShWake >= 0)
+        sys::close(tShWake);
+    tShWake = -1;
+});
+int shWakeFd()
+{
+    if (tShWake < 0)
+        tShWake = std::max(sys::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), -1);
+    return tShWake;
+}
+} // namespace
+
+int Connection::shCollectLocked(const wire::Hello &peer)
+{
+    if (!shToken_ || peer.token != shToken_)
+        return 1; // no offer taken: the fabric carries the connection
+    // The region was sent before the peer answered, so it is in the inbox already; the wait only
+    // covers a sender descheduled between its two calls.
+    int r = collectSameHost(shToken_, 1000, &sh_);
+    if (r < 0) {
+        RS_LOG(Warn, "same-host: the peer's link did not arrive (%s)", strerror(-r));
+        return r;
+    }
+    shOn_.store(true, std::memory_order_release);
+    return 0;
+}
+
+void Connection::shConnectedLocked()
+{
+    // Nothing the fabric endpoint reports matters any more (the link's socket tells when the peer
+    // goes), so it is not progressed, armed, or watched.
+    armed_.store(false, std::memory_order_relaxed);
+    shFd_.store(sh_->fd(), std::memory_order_release);
+    changed_ = true;
+    wakeSleepersLocked();
+}
+
+ssize_t Connection::shRecvStateLocked()
+{
+    if (error_)
+        return error_;
+    if (state_ == State::Idle || state_ == State::Closed)
+        return -ENOTCONN;
+    ssize_t r = sh_->recvState();
+    if (r == -EAGAIN && sh_->notice(nowNs())) {
+        changed_ = true;
+        wakeSleepersLocked();
+        r = sh_->recvState();
+    }
+    if (r == -EAGAIN && shShutRd_.load(std::memory_order_relaxed))
+        return 0;
+    return r;
+}
+
+void Connection::shPeekLocked(ssize_t *recv, ssize_t *send)
+{
+    uint64_t rx = 0, tx = 0;
+    sh_->observe(&rx, &tx);
+    if (rx)
+        rxEvents_.fetch_add(rx, std::memory_order_relaxed);
+    if (tx)
+        txEvents_.fetch_add(tx, std::memory_order_relaxed);
+    *recv = shRecvStateLocked();
+    *send = error_ ? error_ : sh_->sendState();
+    if (*send > 0 && shutWr_)
+        *send = -EPIPE;
+}
+
+int Connection::shReadyLocked(int events)
+{
+    if (state_ == State::Accepting || state_ == State::Connecting)
+        progressLocked(); // the fabric's answer, until it comes
+    ssize_t r, s;
+    shPeekLocked(&r, &s);
+    int ready = 0;
+    if ((events & kReadable) && r != -EAGAIN)
+        ready |= kReadable;
+    if ((events & kWritable) && s != 0)
+        ready |= kWritable;
+    if ((events & kSendDrained) && (sh_->unreadByPeer() == 0 || s < 0))
+        ready |= kSendDrained;
+    // Windows need the fabric: nothing to wait for.
+    ready |= events & (kWindowWritable | kWithdrawn);
+    return ready;
+}
+
+int Connection::shArmLocked()
+{
+    if (state_ == State::Accepting)
+        return armLocked(); // pollers sleep on the fabric's fd until it answers
+    bool drained = false;
+    const ssize_t space = sh_->sendState();
+    // Woken for room only while poll would not report POLLOUT (a third of the ring free).
+    const bool write = space >= 0 && uint64_t(space) * 3 < sh_->sendRing();
+    const int r = sh_->arm(true, write, &drained);
+    if (drained) {
+        // The bytes read may have been another sleeper's wake-up.
+        changed_ = true;
+        wakeSleepersLocked();
+    }
+    return r;
+}
+
+int Connection::shWaitFor(int events, int64_t deadlineNs)
+{
+    const int64_t capNs = int64_t(settings_.pollUs) * 1000;
+    int64_t missNs = 0, spinEnd = 0;
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+        const int ready = shReadyLocked(events);
+        if (ready) {
+            if (missNs)
+                spin_.record(nowNs() - missNs, capNs);
+            return ready;
+        }
+        int64_t now = nowNs();
+        if (!missNs) {
+            missNs = now;
+            const int64_t window = spin_.windowNs(capNs);
+            spinEnd = now + window;
+            spinChosenNs_.store(spinChosenNs_.load(std::memory_order_relaxed) +
+                                    static_cast<uint64_t>(window),
+                                std::memory_order_relaxed);
+        }
+        if (deadlineNs && now >= deadlineNs) {
+            if (now - missNs > capNs)
+                spin_.record(now - missNs, capNs);
+            return 0;
+        }
+        if (now < spinEnd) {
+            // The peer's writes land in shared memory: a look costs no system call.
+            lock.unlock();
+            sched_yield();
+            lock.lock();
+            continue;
+        }
+        const bool fabric = state_ == State::Accepting || state_ == State::Connecting;
+        int r;
+        if (fabric) {
+            r = armLocked();
+        } else {
+            bool drained = false;
+            r = sh_->arm(events & (kReadable | kSendDrained), events & (kWritable | kSendDrained),
+                         &drained);
+            if (drained) {
+                changed_ = true;
+                wakeSleepersLocked();
+            }
+        }
+        if (r == -EAGAIN)
+            continue;
+        const int wakeFd = shWakeFd();
+        if (wakeFd < 0)
+            return -ENOMEM;
+        int timeout = -1;
+        if (deadlineNs)
+            timeout = static_cast<int>(std::max<int64_t>(0, (deadlineNs - now + 999999) / 1000000));
+        if (fabric && (!deadlineNs || connectDeadlineNs_ < deadlineNs))
+            timeout = static_cast<int>(
+                std::max<int64_t>(0, (connectDeadlineNs_ - now + 999999) / 1000000));
+        pollfd pfd[3] = {{sh_->fd(), POLLIN, 0}, {wakeFd, POLLIN, 0}, {waitFd_, POLLIN, 0}};
+        sleepers_.push_back(wakeFd);
+        appSleeping_.fetch_add(1, std::memory_order_relaxed);
+        lock.unlock();
+        int n;
+        {
+            struct Unregister
+            {
+                std::unique_lock<std::mutex> &lock;
+                std::vector<int> &sleepers;
+                std::atomic<int> &sleeping;
+                int fd;
+                ~Unregister()
+                {
+                    if (!lock.owns_lock())
+                        lock.lock();
+                    sleeping.fetch_sub(1, std::memory_order_relaxed);
+                    auto it = std::find(sleepers.begin(), sleepers.end(), fd);
+                    if (it != sleepers.end())
+                        sleepers.erase(it);
+                }
+            } unregister{lock, sleepers_, appSleeping_, wakeFd};
+            n = sys::poll(pfd, fabric ? 3 : 2, timeout);
+        }
+        if (pfd[1].revents & POLLIN) {
+            uint64_t v;
+            while (sys::read(wakeFd, &v, sizeof(v)) > 0) {
+            }
+        }
+        if (n == -EINTR)
+            return -EINTR;
+    }
+}
+
+ssize_t Connection::shSendv(const iovec *iov, int iovcnt, int flags, int64_t deadlineNs)
+{
+    const size_t total = iovTotal(iov, iovcnt);
+    size_t sent = 0;
+    for (;;) {
+        ssize_t space;
+        bool hold;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (state_ == State::Accepting)
+                progressLocked();
+            space = error_ ? error_ : sh_->sendState();
+            if (space > 0 && shutWr_)
+                space = -EPIPE;
+            // TCP_CORK and MSG_MORE hold partial frames back, up to kCorkMaxNs.
+            hold = (cork_ || (flags & kMore)) &&
+                   !(corkSinceNs_ && nowNs() - corkSinceNs_ >= kCorkMaxNs);
+        }
+        if (space < 0)
+            return sent ? static_cast<ssize_t>(sent) : space;
+        if (total == 0)
+            return 0;
+        if (space > 0) {
+            const size_t n = sh_->write(iov, iovcnt, sent, total - sent, hold);
+            sent += n;
+            bytesSent_.fetch_add(n, std::memory_order_relaxed);
+            {
+                std::lock_guard<std::mutex> lock(mutex_);
+                if (!sh_->held()) {
+                    corkSinceNs_ = 0;
+                } else if (!corkSinceNs_) {
+                    // The progress thread sends what is still held when its time is up.
+                    corkSinceNs_ = nowNs();
+                    ProgressThread::instance().schedule(this, corkSinceNs_ + kCorkMaxNs);
+                }
+            }
+            if (sent == total)
+                return static_cast<ssize_t>(sent);
+            if (n)
+                continue;
+        }
+        if (flags & kNonBlock)
+            return sent ? static_cast<ssize_t>(sent) : -EAGAIN;
+        const int r = shWaitFor(kWritable, deadlineNs);
+        if (r < 0 || r == 0)
+            return sent ? static_cast<ssize_t>(sent) : (r < 0 ? r : -EAGAIN);
+    }
+}
+
+ssize_t Connection::shRecvv(const iovec *iov, int iovcnt, int flags, int64_t deadlineNs)
+{
+    const size_t total = iovTotal(iov, iovcnt);
+    const bool peek = flags & kPeek;
+    size_t copied = 0;
+    for (;;) {
+        ssize_t state;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (state_ == State::Accepting)
+                progressLocked();
+            state = shRecvStateLocked();
+        }
+        if (state > 0 && total > 0) {
+            // MSG_PEEK with MSG_WAITALL waits until the whole length can be peeked.
+            if (!(peek && (flags & kWaitAll) && uint64_t(state) < total)) {
+                const size_t n = sh_->read(iov, iovcnt, copied, total - copied, peek);
+                if (peek)
+                    return static_cast<ssize_t>(n);
+                copied += n;
+                bytesReceived_.fetch_add(n, std::memory_order_relaxed);
+                if (copied == total || (n && !(flags & kWaitAll)))
+                    return static_cast<ssize_t>(copied);
+                if (n)
+                    continue;
+            }
+            state = -EAGAIN;
+        }
+        if (total == 0)
+            return state < 0 && state != -EAGAIN ? state : 0;
+        if (state != -EAGAIN)
+            return copied ? static_cast<ssize_t>(copied) : state;
+        if ((flags & kNonBlock) || (copied && !(flags & kWaitAll)))
+            return copied ? static_cast<ssize_t>(copied) : -EAGAIN;
+        const int r = shWaitFor(kReadable, deadlineNs);
+        if (r < 0 || r == 0)
+            return copied ? static_cast<ssize_t>(copied) : (r < 0 ? r : -EAGAIN);
+    }
+}
+
+int Connection::shShutdownLocked(int how)
+{
+    if (state_ != State::Connected && state_ != State::Accepting)
+        return -ENOTCONN;
+    if (how == SHUT_RD || how == SHUT_RDWR) {
+        shutRd_ = true;
+        shShutRd_.store(true, std::memory_order_relaxed);
+    }
+    if ((how == SHUT_WR || how == SHUT_RDWR) && !shutWr_) {
+        shutWr_ = true;
+        sh_->shutWr();
+    }
+    changed_ = true;
+    wakeSleepersLocked();
+    return 0;
+}
+
+void Connection::shCloseLocked(bool abortive)
+{
+    if ((state_ == State::Connected || state_ == State::Accepting) && !error_) {
+        // Unread data at close resets the connection, as the kernel does.
+        if (abortive || (sh_->readable() > 0 && !shutRd_))
+            sh_->reset();
+        else
+            sh_->shutWr(true);
+    }
+    sh_->closeSocket();
+}
+
+void Connection::shInfoLocked(Info *i)
+{
+    ssize_t r, s;
+    shPeekLocked(&r, &s);
+    i->connected = state_ == State::Connected && r != -ECONNRESET && s != -ECONNRESET;
+    i->peerShutWr = r == 0 && !shutRd_;
+    i->error = error_ ? error_ : sh_->error();
+    i->sendBuf = static_cast<uint32_t>(sh_->sendRing());
+    i->recvBuf = static_cast<uint32_t>(sh_->recvRing());
+    i->unackedBytes = static_cast<uint32_t>(std::min<uint64_t>(sh_->unreadByPeer(), UINT32_MAX));
+}
+
+void Connection::shFlowLocked(FlowState *out)
+{
+    out->sendQueued = sh_->unreadByPeer();
+    out->recvQueued = sh_->readable();
+    out->peerCreditBytes = sh_->sendRing() - std::min(sh_->sendRing(), out->sendQueued);
+    out->peerCreditSlots = 0;
+    out->owedBytes = 0;
+    out->owedSlots = 0;
+    out->sendBuf = static_cast<uint32_t>(sh_->sendRing());
+    out->recvBuf = static_cast<uint32_t>(sh_->recvRing());
+    out->ringResident = sh_->residentBytes();
+}
+
+} // namespace rstream

