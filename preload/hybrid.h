@@ -275,6 +275,10 @@ private:
     };
     std::unique_ptr<Pending> pending_;
     std::atomic<bool> tentative_{false};
+    // A late switch finished since pollEvents() last looked: what the engine connection holds
+    // became readable at that moment (an edge for EPOLLET), so a poller must look before it
+    // sleeps (prepareWait() answers -EAGAIN once).
+    std::atomic<bool> switchedUnseen_{false};
     std::mutex settleMutex_;
     int deferredError_ = 0; // errno of a kernel connect that failed at once, for SO_ERROR
     int applyOptions(Socket &s);

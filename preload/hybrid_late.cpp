@@ -75,6 +75,7 @@ bool HybridSocket::lateFinishLocked()
         return false;
     // Both directions are on the fabric now.
     adoptUpgradedLocked(upSock_, accepted_);
+    switchedUnseen_.store(true, std::memory_order_release);
     if (bytes_) {
         bytes_->sent.fetch_add(lateFabricSent_.load(), std::memory_order_relaxed);
         bytes_->received.fetch_add(lateFabricReceived_.load(), std::memory_order_relaxed);

@@ -24,6 +24,7 @@ int HybridSocket::kernelPollNow(int events)
 int HybridSocket::pollEvents(int events)
 {
     settle();
+    switchedUnseen_.store(false, std::memory_order_relaxed);
     if (upgradePending()) {
         upgradeProgress(events);
         const Upgrade u = upgrade_.load();
@@ -69,6 +70,8 @@ int HybridSocket::prepareWait(std::vector<pollfd> *fds, int events)
     auto [s, m] = snapshot();
     switch (m) {
     case Mode::Fabric:
+        if (switchedUnseen_.exchange(false, std::memory_order_acq_rel))
+            return -EAGAIN;
         if (!s) {
             {
                 // The light probe's answer or deadline wakes the poller.
@@ -125,11 +128,19 @@ std::shared_ptr<Connection> HybridSocket::hintConnection()
 uint64_t HybridSocket::generation(int events)
 {
     std::shared_ptr<Socket> s = socket();
-    if (mode() == Mode::Fabric && s)
+    // Not while a late switch finishes (late()): readiness comes from the kernel connection's
+    // last bytes then, and bytes already in the engine connection become readable only when
+    // it ends. Their edge is the first look after it (the engine's count differs from the
+    // kernel-backed one); counted from the engine during the switch, data that had arrived
+    // (and was counted) meanwhile would never be reported to EPOLLET. Same-host links count
+    // only what a look sees, so nothing else would move the count on.
+    if (mode() == Mode::Fabric && s && !late())
         return s->generation(events);
     // Kernel-backed readiness has no event count: every look counts as new (EPOLLET acts as
     // level-triggered there, which costs a spurious wake-up, never a lost one).
-    return kernelGen_.fetch_add(1, std::memory_order_relaxed);
+    // Tagged, so that no value of it equals an engine connection's count: the first look after
+    // a switch must differ from the last look before it.
+    return (uint64_t(1) << 63) | kernelGen_.fetch_add(1, std::memory_order_relaxed);
 }
 
 int HybridSocket::kernelFd()

@@ -236,6 +236,10 @@ bool Connection::flowState(FlowState *out)
 std::string Connection::debugState()
 {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (shOn_.load(std::memory_order_relaxed))
+        return "state=" + std::to_string(static_cast<int>(state_)) +
+               " err=" + std::to_string(error_) + " sleepers=" + std::to_string(sleepers_.size()) +
+               " " + sh_->debugState();
     char buf[512];
     std::snprintf(buf, sizeof(buf),
                   "state=%d err=%d rx(w=%llu c=%llu) tx(tail=%llu posted=%llu done=%llu) "

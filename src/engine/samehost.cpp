@@ -4,8 +4,10 @@
 #include "samehost.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cerrno>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -29,10 +31,42 @@ void storeMax(std::atomic<uint64_t> &a, uint64_t v)
     while (cur < v && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
     }
 }
+
+// The links of this process. A fork child closes its copies of their sockets: the connections
+// are the parent's (the shim reports EIO on them in the child), and a copy held by a child
+// would keep the peer from seeing the parent's end when the parent dies.
+std::mutex gLinksMutex;
+std::vector<SameHostLink *> gLinks;
+[[maybe_unused]] const int gForkHandlers = pthread_atfork(
+    [] { gLinksMutex.lock(); }, [] { gLinksMutex.unlock(); },
+    [] {
+        for (SameHostLink *l : gLinks)
+            l->forgetAfterFork();
+        gLinksMutex.unlock();
+    });
 } // namespace
+
+void SameHostLink::forgetAfterFork()
+{
+    if (sock_ >= 0)
+        sys::close(sock_);
+    sock_ = -1;
+    err_.store(-EIO, std::memory_order_relaxed);
+}
+
+void SameHostLink::setSocket(int sock)
+{
+    sock_ = sock;
+    std::lock_guard<std::mutex> lock(gLinksMutex);
+    gLinks.push_back(this);
+}
 
 SameHostLink::~SameHostLink()
 {
+    {
+        std::lock_guard<std::mutex> lock(gLinksMutex);
+        std::erase(gLinks, this);
+    }
     if (sock_ >= 0)
         sys::close(sock_);
     if (mem_)
@@ -391,6 +425,22 @@ void SameHostLink::closeSocket()
 {
     if (sock_ >= 0)
         sys::shutdown(sock_, SHUT_RDWR);
+}
+
+std::string SameHostLink::debugState() const
+{
+    char buf[320];
+    std::snprintf(buf, sizeof(buf),
+                  "same-host(sock=%d rx tail=%llu head=%llu seen=%llu waiting=%llu flags=%llu | "
+                  "tx tail=%llu pub=%llu peerHead=%llu waiting=%llu | gone=%d err=%d)",
+                  sock_, (unsigned long long)rx_->tail.v.load(),
+                  (unsigned long long)rxHead_.load(), (unsigned long long)seenTail_,
+                  (unsigned long long)rx_->readerWaiting.v.load(),
+                  (unsigned long long)rx_->flags.v.load(), (unsigned long long)txTail_.load(),
+                  (unsigned long long)txPublished_.load(), (unsigned long long)tx_->head.v.load(),
+                  (unsigned long long)tx_->writerWaiting.v.load(), int(peerGone_.load()),
+                  err_.load());
+    return buf;
 }
 
 size_t SameHostLink::residentBytes() const

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <sys/uio.h>
 
 namespace rstream {
@@ -83,7 +84,9 @@ public:
     // -EPROTO for anything a well-behaved peer would not send.
     static int attach(int memfd, std::unique_ptr<SameHostLink> *out);
     // The socket to the peer (the link owns it from now on).
-    void setSocket(int sock) { sock_ = sock; }
+    void setSocket(int sock);
+    // In a fork child: the link is the parent's; its socket is closed here, its calls fail (EIO).
+    void forgetAfterFork();
     int fd() const { return sock_; }
     uint64_t sendRing() const { return txSize_; }
     uint64_t recvRing() const { return rxSize_; }
@@ -128,6 +131,8 @@ public:
     void closeSocket();
     // The link failed locally (a bad index or flag from the peer): its error, 0 if none.
     int error() const { return err_.load(std::memory_order_acquire); }
+    // One line of state, for diagnostics.
+    std::string debugState() const;
     // Bytes of the region backed by memory now (mincore).
     size_t residentBytes() const;
 

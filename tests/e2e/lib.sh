@@ -7,6 +7,11 @@ E2E_LIB=$(realpath "${1:?usage: $0 LIBRSTREAM_PRELOAD_SO RSTREAM_RUN}")
 E2E_RUN=$(realpath "${2:?usage: $0 LIBRSTREAM_PRELOAD_SO RSTREAM_RUN}")
 E2E_OFFSET=20000 # the shim's default RSTREAM_PORT_OFFSET on tcp
 export RSTREAM_PROVIDER=${RSTREAM_PROVIDER:-tcp}
+# E2E_SAME_HOST=1: the programs' connections take the same-host transport (meson's default
+# test setup turns it off), and expect_fabric also requires that they did.
+if [ "${E2E_SAME_HOST:-0}" = 1 ]; then
+	export RSTREAM_SAME_HOST=1
+fi
 unset RSTREAM_PORT_OFFSET RSTREAM_PORTS RSTREAM_EXCLUDE RSTREAM_ENABLE RSTREAM_STATS LD_PRELOAD
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/rstream-e2e.XXXXXX")
@@ -226,6 +231,10 @@ expect_fabric() {
 	show_stats "$role"
 	v=$(stat_sum "$role" fabric_connections)
 	[ "$v" -ge "$min" ] || fail "$role: $v fabric connections, expected at least $min"
+	if [ "${E2E_SAME_HOST:-0}" = 1 ]; then
+		v=$(stat_sum "$role" same_host_connections)
+		[ "$v" -ge "$min" ] || fail "$role: $v same-host connections, expected at least $min"
+	fi
 	if [ "$dirs" != received ]; then
 		v=$(stat_sum "$role" fabric_bytes_sent)
 		[ "$v" -gt 0 ] || fail "$role: sent no bytes over the fabric"

@@ -74,7 +74,7 @@ TEST_F(SameHost, RegionIsNoFileAndGoesWithTheConnection)
         DIR *d = opendir("/dev/shm");
         if (d) {
             while (dirent *e = readdir(d))
-                EXPECT_EQ(std::string(e->d_name).find("rstream"), std::string::npos) << e->d_name;
+                EXPECT_EQ(std::string(e->d_name).find("samehost"), std::string::npos) << e->d_name;
             closedir(d);
         }
         Connection::close(std::move(c));
