@@ -4,7 +4,8 @@
 # request each, and prints what they cost both processes (RSS and descriptors per connection,
 # CPU while idle) as KEY=VALUE pairs on one line. With RSTREAM_STAT (the path of rstream-stat),
 # both processes being under the shim, it waits until rstream-stat shows every connection on
-# the fabric at both ends before it measures, and adds their rings' size per connection.
+# the fabric at both ends (or on the same-host transport, which the fabric sets up) before it
+# measures, and adds their rings' size per connection.
 # Usage: bench-idle.py PORT N SERVER_PID SETTLE_SECONDS [RSTREAM_STAT]
 # A connection moves to the fabric during its program's own calls on it, and its switch fails
 # when they stop for RSTREAM_UPGRADE_TIMEOUT_MS (2 s) once the peer is ready; so connections
@@ -51,12 +52,13 @@ def ping(s):
 
 
 def fabric(stat, pid):
-    """The established fabric connections of pid, as rstream-stat -j lists them."""
+    """The established connections of pid off kernel TCP (fabric or same-host: scripts/bench
+    checks which from the statistics), as rstream-stat -j lists them."""
     r = subprocess.run([stat, "-j", str(pid)], capture_output=True, text=True, timeout=30)
     if r.returncode != 0:
         return []  # no export yet: libfabric is still loading there
     return [c for c in json.loads(r.stdout.splitlines()[0])["connections"]
-            if c["path"] == "fabric" and c["state"] == "established"]
+            if c["path"] in ("fabric", "same_host") and c["state"] == "established"]
 
 
 def settle(conns, stat, server, total):
@@ -137,6 +139,8 @@ def main():
     if stat:
         out["client_fabric_conns"] = len(mine)
         out["server_fabric_conns"] = len(theirs)
+        out["client_same_host_conns"] = sum(c["path"] == "same_host" for c in mine)
+        out["server_same_host_conns"] = sum(c["path"] == "same_host" for c in theirs)
         # What the shim's rings take per connection (send + receive), beside the RSS growth.
         for end, cs in (("client", mine), ("server", theirs)):
             rings = [c["send_ring"] + c["recv_ring"] for c in cs

@@ -1,17 +1,26 @@
 # SPDX-License-Identifier: MIT
 # Helpers of scripts/bench: the shim's command prefix, ports, servers, clients with their CPU
-# accounting, the check that a shim run used the fabric, and one JSON line per run. Sourced by
-# scripts/bench and scripts/bench-workloads.sh; the caller sets bench_name, shim_lib, offset,
-# work (with work/stats), runs (the JSON lines file), py, clk, round, port_lo, port_hi and the
-# pinning prefixes server_cpu and client_cpu (arrays, empty when unpinned).
+# accounting, the check that a shim run used the fabric (or a same run shared memory), and one
+# JSON line per run. Sourced by scripts/bench and scripts/bench-workloads.sh; the caller sets
+# bench_name, shim_lib, offset, work (with work/stats), runs (the JSON lines file), py, clk,
+# round, port_lo, port_hi and the pinning prefixes server_cpu and client_cpu (arrays, empty when
+# unpinned).
 # shellcheck shell=bash
 
 # The command prefix for one end of a run (in wrap): nothing for kernel TCP, or the shim with
-# its statistics in $work/stats/ROLE.<pid>.json.
+# its statistics in $work/stats/ROLE.<pid>.json. The same-host transport is on by default, and
+# both ends here are on one host: shim turns it off so that it keeps measuring the fabric (the
+# provider), same turns it on (shared memory between the two processes). env execs, as taskset
+# and rstream-run do, so that server_pid stays the program's own pid.
 with() {
+	local same_host=0
 	case $1 in
-	shim) wrap=(scripts/rstream-run --lib "$shim_lib" --provider "$RSTREAM_PROVIDER"
-		--port-offset "$offset" --stats "$work/stats/$2.%p.json" --) ;;
+	shim | same)
+		[ "$1" = shim ] || same_host=1
+		wrap=(env "RSTREAM_SAME_HOST=$same_host" scripts/rstream-run --lib "$shim_lib"
+			--provider "$RSTREAM_PROVIDER" --port-offset "$offset"
+			--stats "$work/stats/$2.%p.json" --)
+		;;
 	*) wrap=() ;;
 	esac
 }
@@ -80,15 +89,16 @@ halt() {
 }
 
 # begin MODE NAME SIGNAL COMMAND...: starts a server on port $p (see take_port), as MODE
-# (kernel or shim) with fresh statistics, and waits until it listens (on its fabric port too under
-# the shim); sets t0, its CPU ticks then.
+# (kernel, shim or same) with fresh statistics, and waits until it listens (on its fabric port
+# too under the shim: a same-host connection is set up over the fabric before it moves to shared
+# memory); sets t0, its CPU ticks then.
 begin() {
 	local mode=$1 name=$2 sig=$3 fab=()
 	shift 3
 	rm -f "$work/stats/"*.json
 	with "$mode" server
 	serve "$name" "$sig" "$@"
-	[ "$mode" = shim ] && fab=($((p + offset)))
+	[ "$mode" = kernel ] || fab=($((p + offset)))
 	if ! wait_port "$p" "${fab[@]}"; then
 		echo "$bench_name: $name: $(tail -n3 "$work/$name.log")" >&2
 		halt
@@ -153,19 +163,23 @@ stat_sum() {
 }
 
 # fabric_verdict MODE MIN_CONNECTIONS: for a shim run, whether both ends' statistics show at
-# least MIN_CONNECTIONS fabric connections each and most of their bytes (over all connections
-# they list, kernel ones included) carried by the fabric. Sets verdict (ok, or no-fabric with
-# the reason on stderr) and share (the smaller end's fabric share of its bytes, null for
-# kernel runs).
+# least MIN_CONNECTIONS fabric connections each, none of them same-host (the shim's figure must
+# not be shared memory's), and most of their bytes (over all connections they list, kernel ones
+# included) carried by the fabric; for a same run, whether they show at least MIN_CONNECTIONS
+# same-host connections each and most of their bytes carried by them (the statistics count
+# same-host connections and bytes among the fabric's too). Sets verdict (ok, or no-fabric or
+# no-same-host with the reason on stderr), share (the smaller end's fabric share of its bytes,
+# same-host included) and same_share (its same-host share), both null for kernel runs.
 fabric_verdict() {
 	verdict=ok
 	share=null
-	[ "$1" = shim ] || return 0
+	same_share=null
+	[ "$1" = shim ] || [ "$1" = same ] || return 0
 	local out
-	out=$("$py" - "$work/stats" "$2" <<'PY'
+	out=$("$py" - "$1" "$work/stats" "$2" <<'PY'
 import glob, json, sys
-d, need = sys.argv[1], int(sys.argv[2])
-shares, why = [], []
+mode, d, need = sys.argv[1], sys.argv[2], int(sys.argv[3])
+shares, same_shares, why = [], [], []
 for role in ("server", "client"):
     files = glob.glob("%s/%s.*.json" % (d, role))
     stats = []
@@ -178,26 +192,47 @@ for role in ("server", "client"):
         why.append("%s wrote no statistics (not under the shim, or killed)" % role)
         continue
     conns = sum(s["fabric_connections"] for s in stats)
+    # A shim without the same-host transport writes no such fields: none of it then.
+    same = sum(s.get("same_host_connections", 0) for s in stats)
     fab = sum(s["fabric_bytes_sent"] + s["fabric_bytes_received"] for s in stats)
+    same_b = sum(s.get("same_host_bytes_sent", 0) + s.get("same_host_bytes_received", 0)
+                 for s in stats)
     kern = sum(c["sent"] + c["received"] for s in stats for c in s["connections"]
                if c["path"] == "kernel")
     share = fab / (fab + kern) if fab + kern else 0.0
+    same_share = same_b / (fab + kern) if fab + kern else 0.0
     shares.append(share)
+    same_shares.append(same_share)
     if conns < need:
         reasons = {k: v for s in stats for k, v in s["fallback_reasons"].items() if v}
         why.append("%s: %d fabric connections, expected %d (fallbacks %s)" % (
             role, conns, need, reasons))
-    if share < 0.5:
-        why.append("%s: %.0f%% of its bytes over the fabric" % (role, 100 * share))
-print("%.3f" % min(shares) if shares else "null")
+    if mode == "shim":
+        if same:
+            why.append("%s: %d same-host connections (RSTREAM_SAME_HOST=0 not honoured)" % (
+                role, same))
+        if share < 0.5:
+            why.append("%s: %.0f%% of its bytes over the fabric" % (role, 100 * share))
+    else:
+        if conns >= need > same:  # otherwise the line above says why
+            why.append("%s: %d same-host connections of %d fabric ones, expected %d" % (
+                role, same, conns, need))
+        if same_share < 0.5:
+            why.append("%s: %.0f%% of its bytes through same-host memory" % (
+                role, 100 * same_share))
+print("%.3f %.3f" % (min(shares), min(same_shares)) if shares else "null null")
 for w in why:
     print(w)
 PY
-) || out=$'null\nstatistics check failed'
-	share=$(head -n1 <<<"$out")
+) || out=$'null null\nstatistics check failed'
+	read -r share same_share <<<"$(head -n1 <<<"$out")"
 	if [ "$(wc -l <<<"$out")" -gt 1 ]; then
-		verdict=no-fabric
-		echo "$bench_name: shim run did not use the fabric: $(tail -n +2 <<<"$out" | paste -sd';')" >&2
+		if [ "$1" = shim ]; then
+			verdict=no-fabric
+		else
+			verdict=no-same-host
+		fi
+		echo "$bench_name: $1 run did not use its path: $(tail -n +2 <<<"$out" | paste -sd';')" >&2
 	fi
 }
 

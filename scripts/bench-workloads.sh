@@ -7,26 +7,28 @@
 all_workloads=(iperf3 bw lat redis memcached nginx connect idle)
 
 # cases WORKLOAD: one line per case: its name, its x (the number charts plot it against) and
-# the paths it runs over. engine and raw are rstream-perf (the library and plain libfabric, the
-# ceiling); they apply where rstream-perf can run the same traffic.
+# the paths it runs over. shim and same are the unmodified programs with both ends under the
+# shim, over the fabric (RSTREAM_SAME_HOST=0) and over the same-host transport (shared memory)
+# respectively; engine and raw are rstream-perf (the library and plain libfabric, the ceiling),
+# where rstream-perf can run the same traffic.
 cases() {
 	local s c
 	case $1 in
 	iperf3)
-		echo "P1 1 kernel shim engine raw"
-		echo "P4 4 kernel shim" # rstream-perf has no parallel streams
+		echo "P1 1 kernel shim same engine raw"
+		echo "P4 4 kernel shim same" # rstream-perf has no parallel streams
 		;;
-	bw) for s in "${bw_sizes[@]}"; do echo "$s $s kernel shim engine raw"; done ;;
-	lat) for s in "${lat_sizes[@]}"; do echo "$s $s kernel shim engine raw"; done ;;
+	bw) for s in "${bw_sizes[@]}"; do echo "$s $s kernel shim same engine raw"; done ;;
+	lat) for s in "${lat_sizes[@]}"; do echo "$s $s kernel shim same engine raw"; done ;;
 	redis)
-		echo "GET 50 kernel shim"
-		echo "SET 50 kernel shim"
-		echo "GET-P16 50 kernel shim"
+		echo "GET 50 kernel shim same"
+		echo "SET 50 kernel shim same"
+		echo "GET-P16 50 kernel shim same"
 		;;
-	memcached) echo "memcslap 20 kernel shim" ;;
-	nginx) for c in "${wrk_conns[@]}"; do echo "c$c $c kernel shim"; done ;;
-	connect) echo "ab-c1 1 kernel shim" ;;
-	idle) echo "$idle_conns $idle_conns kernel shim" ;;
+	memcached) echo "memcslap 20 kernel shim same" ;;
+	nginx) for c in "${wrk_conns[@]}"; do echo "c$c $c kernel shim same"; done ;;
+	connect) echo "ab-c1 1 kernel shim same" ;;
+	idle) echo "$idle_conns $idle_conns kernel shim same" ;;
 	esac
 }
 
@@ -45,7 +47,8 @@ run_case() {
 
 # done_run WORKLOAD CASE X MODE MIN_CONNECTIONS FIGURE KEY=VALUE...: records a run whose
 # figure (its main one) came out (status ok, or no-fabric when a shim run's statistics show
-# that the fabric did not carry it) or did not (failed).
+# that the fabric did not carry it, or no-same-host when a same run's show that shared memory
+# did not) or did not (failed).
 done_run() {
 	local status=failed
 	if [ "$6" != n/a ] && [ "$srv_s" != n/a ] && [ "$cli_s" != n/a ]; then
@@ -53,9 +56,10 @@ done_run() {
 		status=$verdict
 	else
 		share=null
+		same_share=null
 	fi
 	record "$1" "$2" "$3" "$4" "$status" "${@:7}" server_cpu_s="$srv_s" client_cpu_s="$cli_s" \
-		fabric_share="$share"
+		fabric_share="$share" same_host_share="$same_share"
 	[ "$status" = ok ] || failures=$((failures + 1))
 }
 
@@ -219,7 +223,8 @@ nginx_run() {
 # and the next runs' rates fell by half). Under the shim these connections
 # stay on kernel TCP by design (they end long before the ~50 ms after which one moves to the
 # fabric): what this shows is what the shim costs a connection that never moves, so the check
-# is only that both ends ran under the shim.
+# is only that both ends ran under the shim (and, for shim, that none went through same-host
+# memory: a same run's connections stay on kernel TCP too, so same should match shim here).
 connect_run() {
 	local rps=n/a n=n/a status
 	take_port || return 1
@@ -233,21 +238,28 @@ connect_run() {
 		fi
 	fi
 	status=ok
-	local path=kernel fab=()
-	if [ "$3" = shim ]; then
+	local path=kernel fab=() same
+	if [ "$3" != kernel ]; then
 		path="kernel TCP by design (deferred upgrade)"
 		if ! compgen -G "$work/stats/server.*.json" >/dev/null ||
 			! compgen -G "$work/stats/client.*.json" >/dev/null; then
-			echo "$bench_name: connect shim: an end wrote no statistics (not under the shim)" >&2
+			echo "$bench_name: connect $3: an end wrote no statistics (not under the shim)" >&2
+			status=no-fabric
+		fi
+		same=$(stat_sum server same_host_connections)
+		if [ "$3" = shim ] && [ "${same/n\/a/0}" != 0 ]; then
+			echo "$bench_name: connect shim: $same same-host connections at the server" >&2
 			status=no-fabric
 		fi
 		fab=(server_fabric_conns="$(stat_sum server fabric_connections)"
+			server_same_host_conns="$same"
 			server_kernel_conns="$(stat_sum server fallback_connections)")
 	fi
 	[ "${rps:-n/a}" != n/a ] && [ "$srv_s" != n/a ] && [ "$cli_s" != n/a ] || status=failed
 	[ "$status" = ok ] || failures=$((failures + 1))
 	record connect "$1" "$2" "$3" "$status" rps="${rps:-n/a}" requests="${n:-n/a}" \
-		server_cpu_s="$srv_s" client_cpu_s="$cli_s" fabric_share=null path="$path" "${fab[@]}"
+		server_cpu_s="$srv_s" client_cpu_s="$cli_s" fabric_share=null same_host_share=null \
+		path="$path" "${fab[@]}"
 }
 
 # idle_run CASE CONNECTIONS MODE: CONNECTIONS idle connections to redis, held open after one
