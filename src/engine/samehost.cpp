@@ -4,8 +4,8 @@
 #include "samehost.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cerrno>
+#include <cstdio>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
@@ -37,13 +37,13 @@ void storeMax(std::atomic<uint64_t> &a, uint64_t v)
 // would keep the peer from seeing the parent's end when the parent dies.
 std::mutex gLinksMutex;
 std::vector<SameHostLink *> gLinks;
-[[maybe_unused]] const int gForkHandlers = pthread_atfork(
-    [] { gLinksMutex.lock(); }, [] { gLinksMutex.unlock(); },
-    [] {
-        for (SameHostLink *l : gLinks)
-            l->forgetAfterFork();
-        gLinksMutex.unlock();
-    });
+[[maybe_unused]] const int gForkHandlers =
+    pthread_atfork([] { gLinksMutex.lock(); }, [] { gLinksMutex.unlock(); },
+                   [] {
+                       for (SameHostLink *l : gLinks)
+                           l->forgetAfterFork();
+                       gLinksMutex.unlock();
+                   });
 } // namespace
 
 void SameHostLink::forgetAfterFork()
@@ -433,9 +433,8 @@ std::string SameHostLink::debugState() const
     std::snprintf(buf, sizeof(buf),
                   "same-host(sock=%d rx tail=%llu head=%llu seen=%llu waiting=%llu flags=%llu | "
                   "tx tail=%llu pub=%llu peerHead=%llu waiting=%llu | gone=%d err=%d)",
-                  sock_, (unsigned long long)rx_->tail.v.load(),
-                  (unsigned long long)rxHead_.load(), (unsigned long long)seenTail_,
-                  (unsigned long long)rx_->readerWaiting.v.load(),
+                  sock_, (unsigned long long)rx_->tail.v.load(), (unsigned long long)rxHead_.load(),
+                  (unsigned long long)seenTail_, (unsigned long long)rx_->readerWaiting.v.load(),
                   (unsigned long long)rx_->flags.v.load(), (unsigned long long)txTail_.load(),
                   (unsigned long long)txPublished_.load(), (unsigned long long)tx_->head.v.load(),
                   (unsigned long long)tx_->writerWaiting.v.load(), int(peerGone_.load()),

@@ -493,12 +493,18 @@ void printText(const Process &p)
         fabric += r.path == kPathFabric;
         same += r.path == kPathSameHost;
     }
-    std::printf("pid %d (%s), provider %s: %zu open connection%s (%zu fabric, %zu same-host, %zu "
-                "kernel); since start %" PRIu64 " fabric (%" PRIu64 " same-host), %" PRIu64
-                " kernel%s%s%s\n",
+    // Same-host counts only where there are some: the line reads as before otherwise.
+    char openSame[48] = "", sinceSame[48] = "";
+    if (same)
+        std::snprintf(openSame, sizeof(openSame), ", %zu same-host", same);
+    if (p.sameHostConnections)
+        std::snprintf(sinceSame, sizeof(sinceSame), " (%" PRIu64 " same-host)",
+                      p.sameHostConnections);
+    std::printf("pid %d (%s), provider %s: %zu open connection%s (%zu fabric%s, %zu kernel); "
+                "since start %" PRIu64 " fabric%s, %" PRIu64 " kernel%s%s%s\n",
                 p.pid, p.program.c_str(), p.provider.c_str(), p.rows.size(),
-                p.rows.size() == 1 ? "" : "s", fabric, same, p.rows.size() - fabric - same,
-                p.fabricConnections, p.sameHostConnections, p.fallbackConnections,
+                p.rows.size() == 1 ? "" : "s", fabric, openSame, p.rows.size() - fabric - same,
+                p.fabricConnections, sinceSame, p.fallbackConnections,
                 p.fallbackConnections ? " (" : "", reasonsText(p).c_str(),
                 p.fallbackConnections ? ")" : "");
     if (p.dropped)
@@ -545,10 +551,10 @@ void printJson(const Process &p)
                     ", \"program\": " + jsonString(p.program) +
                     ", \"provider\": " + jsonString(p.provider) +
                     ", \"fabric_connections\": " + std::to_string(p.fabricConnections) +
-                    ", \"same_host_connections\": " + std::to_string(p.sameHostConnections) +
                     ", \"fallback_connections\": " + std::to_string(p.fallbackConnections) +
                     ", \"fabric_listeners\": " + std::to_string(p.fabricListeners) +
                     ", \"kernel_listeners\": " + std::to_string(p.kernelListeners) +
+                    ", \"same_host_connections\": " + std::to_string(p.sameHostConnections) +
                     ", \"fallback_reasons\": {";
     for (int i = 1; i < kFallbackCount; i++)
         s += (i > 1 ? ", " : "") + jsonString(kFallbackNames[i]) + ": " +
