@@ -41,7 +41,8 @@ Connection::~Connection()
     bool known;
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        known = watched_ || waitFd_ >= 0;
+        // A same-host connection may have timers (the setup's deadline, the cork's) with no fd.
+        known = watched_ || waitFd_ >= 0 || shOn_.load(std::memory_order_relaxed);
         watched_ = false;
     }
     // Lists, timers and the passive set of the progress thread may all name this connection.
@@ -214,6 +215,14 @@ bool Connection::flowState(FlowState *out)
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock())
         return false;
+    if (shOn_.load(std::memory_order_relaxed)) {
+        out->state = static_cast<int>(state_);
+        out->error = error_;
+        out->shutWr = shutWr_;
+        out->rttUs = rttUs_;
+        shFlowLocked(out);
+        return true;
+    }
     out->state = static_cast<int>(state_);
     out->error = error_;
     out->shutWr = shutWr_ || closing_;
@@ -228,8 +237,6 @@ bool Connection::flowState(FlowState *out)
     out->sendBuf = static_cast<uint32_t>(tx_.size);
     out->recvBuf = static_cast<uint32_t>(rx_.size);
     out->ringResident = ringResidentLocked();
-    if (shOn_.load(std::memory_order_relaxed))
-        shFlowLocked(out);
     return true;
 }
 

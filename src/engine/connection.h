@@ -128,11 +128,17 @@ public:
     // reads the state as it is. Any other look, or one whose fd was readable, makes progress.
     int hintFd() const
     {
-        return armed_.load(std::memory_order_acquire) && !shOn_.load(std::memory_order_acquire)
-                   ? waitFd_
-                   : -1;
+        // A same-host link's fd is readable exactly while wake-up bytes (or its end) wait: a
+        // pass that finds it quiet lets arm() skip reading them (a system call a connection).
+        if (shOn_.load(std::memory_order_acquire))
+            return shFd_.load(std::memory_order_acquire);
+        return armed_.load(std::memory_order_acquire) ? waitFd_ : -1;
     }
-    void hintQuiet() { hintPass_.store(tHintPass, std::memory_order_relaxed); }
+    void hintQuiet()
+    {
+        hintPass_.store(tHintPass, std::memory_order_relaxed);
+        shQuiet_.store(true, std::memory_order_relaxed);
+    }
     class HintPass
     {
     public:
@@ -385,8 +391,11 @@ private:
     int shWaitFor(int events, int64_t deadlineNs);
     int shReadyLocked(int events);
     ssize_t shRecvStateLocked();
+    ssize_t shNoticeLocked(ssize_t state); // -EAGAIN: looks at the link's socket (bounded)
     void shPeekLocked(ssize_t *recv, ssize_t *send);
     int shArmLocked();
+    // Once the link is up: the setup's endpoint, queues and rings are closed and freed.
+    void shReleaseFabricLocked();
     // The link is up and the fabric's part is done: pollers sleep on the link's fd from now on.
     void shConnectedLocked();
     // The connecting end, on the peer's answer: collects the link it sent (0), or -errno.
@@ -537,6 +546,7 @@ private:
     std::atomic<bool> shOn_{false};
     std::atomic<int> shFd_{-1};         // the link's fd, once pollers sleep on it
     std::atomic<bool> shShutRd_{false}; // SHUT_RD, read by the receiver without mutex_
+    std::atomic<bool> shQuiet_{false};  // a poller found the link's fd not readable since arm()
     uint64_t shToken_ = 0;              // the offer this end made or took
     std::atomic<uint64_t> bytesSent_{0};
     std::atomic<uint64_t> bytesReceived_{0};

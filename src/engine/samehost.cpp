@@ -377,12 +377,13 @@ bool SameHostLink::drain()
     return any;
 }
 
-int SameHostLink::arm(bool read, bool write, bool *drained)
+int SameHostLink::arm(bool read, bool write, bool *drained, bool quiet)
 {
     *drained = false;
     if (sock_ < 0)
         return 0;
-    *drained = drain();
+    if (!quiet)
+        *drained = drain();
     if (read)
         rx_->readerWaiting.v.store(1, std::memory_order_seq_cst);
     if (write)

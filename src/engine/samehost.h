@@ -115,8 +115,9 @@ public:
     // Before sleeping on fd(): reads the wake-up bytes (and notices a peer that went), sets the
     // waiting words for what is wanted, and returns -EAGAIN when something changed since the
     // last observe() (look again instead of sleeping). *drained: wake-up bytes were read, which
-    // other sleepers on the same fd may have been woken for.
-    int arm(bool read, bool write, bool *drained);
+    // other sleepers on the same fd may have been woken for. quiet: the caller just found fd()
+    // not readable (no bytes to read, no end to notice), so the read is skipped.
+    int arm(bool read, bool write, bool *drained, bool quiet = false);
     // Reads the wake-up bytes now and then even without sleeping, so that a peer that went is
     // noticed by a program that only polls without blocking (bounded: once a millisecond).
     // true: bytes were read, which sleepers on fd() may have been woken for (as arm()).

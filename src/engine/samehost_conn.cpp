@@ -11,6 +11,9 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
+
+#include <rdma/fi_cm.h>
 
 #include "clock.h"
 #include "kernel.h"
@@ -62,6 +65,42 @@ void Connection::shConnectedLocked()
     wakeSleepersLocked();
 }
 
+void Connection::shReleaseFabricLocked()
+{
+    // Called from the application's calls only, never inside a fabric path (those may run on
+    // to use the endpoint after the switch): the endpoint, its queues, registrations and rings
+    // go, and an idle same-host connection keeps only its link.
+    if (!ep_ || state_ != State::Connected)
+        return;
+    fi_shutdown(ep_, 0);
+    ep_.reset();
+    nextMr_.reset();
+    remoteMr_.reset();
+    localMr_.reset();
+    cq_.reset();
+    eq_.reset();
+    waitSet_.reset();
+    if (ownWaitFd_ >= 0)
+        sys::close(ownWaitFd_);
+    ownWaitFd_ = -1;
+    waitFd_ = -1; // closed with its queues: nothing may poll or forget it any more
+    armed_.store(false, std::memory_order_relaxed);
+    if (info_)
+        fi_freeinfo(info_);
+    info_ = nullptr;
+    txOps_.reset();
+    delete[] rxSlots_;
+    rxSlots_ = nullptr;
+    rxCount_ = 0;
+    if (mem_)
+        munmap(mem_, memSize_);
+    mem_ = nullptr;
+    memSize_ = 0;
+    sendBase_ = recvArea_ = recvBase_ = slotBufs_ = recordBufs_ = rxOldBase_ = nullptr;
+    ctrlWords_ = nullptr;
+    localDesc_ = nullptr;
+}
+
 ssize_t Connection::shRecvStateLocked()
 {
     if (error_)
@@ -69,18 +108,26 @@ ssize_t Connection::shRecvStateLocked()
     if (state_ == State::Idle || state_ == State::Closed)
         return -ENOTCONN;
     ssize_t r = sh_->recvState();
-    if (r == -EAGAIN && sh_->notice(nowNs())) {
-        changed_ = true;
-        wakeSleepersLocked();
-        r = sh_->recvState();
-    }
     if (r == -EAGAIN && shShutRd_.load(std::memory_order_relaxed))
         return 0;
     return r;
 }
 
+ssize_t Connection::shNoticeLocked(ssize_t state)
+{
+    // A program that reads without ever sleeping still learns of a peer that went (a poller's
+    // looks do not read: its arm before sleeping does).
+    if (state == -EAGAIN && sh_->notice(nowNs())) {
+        changed_ = true;
+        wakeSleepersLocked();
+        state = shRecvStateLocked();
+    }
+    return state;
+}
+
 void Connection::shPeekLocked(ssize_t *recv, ssize_t *send)
 {
+    shReleaseFabricLocked();
     uint64_t rx = 0, tx = 0;
     sh_->observe(&rx, &tx);
     if (rx)
@@ -115,11 +162,15 @@ int Connection::shArmLocked()
 {
     if (state_ == State::Accepting)
         return armLocked(); // pollers sleep on the fabric's fd until it answers
+    shReleaseFabricLocked();
     bool drained = false;
     const ssize_t space = sh_->sendState();
     // Woken for room only while poll would not report POLLOUT (a third of the ring free).
     const bool write = space >= 0 && uint64_t(space) * 3 < sh_->sendRing();
-    const int r = sh_->arm(true, write, &drained);
+    // A poller that found the link's fd not readable (hintQuiet()) saves the read: a byte that
+    // came since makes its sleep end at once, and its next look finds the fd readable.
+    const bool quiet = shQuiet_.exchange(false, std::memory_order_relaxed);
+    const int r = sh_->arm(true, write, &drained, quiet);
     if (drained) {
         // The bytes read may have been another sleeper's wake-up.
         changed_ = true;
@@ -230,6 +281,7 @@ ssize_t Connection::shSendv(const iovec *iov, int iovcnt, int flags, int64_t dea
             std::lock_guard<std::mutex> lock(mutex_);
             if (state_ == State::Accepting)
                 progressLocked();
+            shReleaseFabricLocked();
             space = error_ ? error_ : sh_->sendState();
             if (space > 0 && shutWr_)
                 space = -EPIPE;
@@ -279,7 +331,8 @@ ssize_t Connection::shRecvv(const iovec *iov, int iovcnt, int flags, int64_t dea
             std::lock_guard<std::mutex> lock(mutex_);
             if (state_ == State::Accepting)
                 progressLocked();
-            state = shRecvStateLocked();
+            shReleaseFabricLocked();
+            state = shNoticeLocked(shRecvStateLocked());
         }
         if (state > 0 && total > 0) {
             // MSG_PEEK with MSG_WAITALL waits until the whole length can be peeked.

@@ -171,6 +171,8 @@ int decodeHello(const void *data, size_t len, Hello *out)
         h.hostKey = get<uint32_t>(p);
         h.inbox = get<uint32_t>(p);
         h.token = get<uint64_t>(p);
+        if (!h.token)
+            h.hostKey = h.inbox = 0; // no extension: the bytes are padding
     }
     if (h.magic != kMagic || h.version != kVersion)
         return -EPROTO;

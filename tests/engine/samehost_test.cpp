@@ -334,3 +334,64 @@ TEST_F(SameHost, SleepersWakeAndIdleCostsNoCpu)
 
 } // namespace
 } // namespace rstream
+
+namespace rstream {
+namespace {
+
+long rssKib()
+{
+    std::ifstream st("/proc/self/status");
+    std::string line;
+    while (std::getline(st, line))
+        if (line.rfind("VmRSS:", 0) == 0)
+            return std::stol(line.substr(6));
+    return -1;
+}
+
+int openFds()
+{
+    int n = 0;
+    if (DIR *d = opendir("/proc/self/fd")) {
+        while (dirent *e = readdir(d))
+            n += e->d_name[0] != '.';
+        closedir(d);
+    }
+    return n;
+}
+
+// Once a same-host link is up, the fabric endpoint of the setup is closed and its rings freed:
+// an idle connection holds its link's socket and the pages its rings touched.
+TEST_F(SameHost, IdleConnectionsHoldOneDescriptorAndLittleMemory)
+{
+    constexpr int kPairs = 100;
+    std::vector<std::pair<std::unique_ptr<Connection>, std::unique_ptr<Connection>>> pairs;
+    auto warm = pair(); // the domain, the progress thread, the inbox: once per process
+    ASSERT_TRUE(warm.first && warm.second);
+    ASSERT_EQ(warm.first->send("w", 1), 1);
+    char b;
+    ASSERT_EQ(warm.second->recv(&b, 1, 0, 5000), 1);
+    const int fds0 = openFds();
+    const long rss0 = rssKib();
+    for (int i = 0; i < kPairs; i++) {
+        auto p = pair();
+        ASSERT_TRUE(p.first && p.second);
+        ASSERT_EQ(p.first->send("x", 1), 1);
+        ASSERT_EQ(p.second->recv(&b, 1, 0, 5000), 1);
+        ASSERT_EQ(p.second->send("y", 1), 1);
+        ASSERT_EQ(p.first->recv(&b, 1, 0, 5000), 1);
+        pairs.push_back(std::move(p));
+    }
+    const double fdsPerEnd = double(openFds() - fds0) / (2 * kPairs);
+    const double kibPerEnd = double(rssKib() - rss0) / (2 * kPairs);
+    RecordProperty("fds_per_end", std::to_string(fdsPerEnd));
+    RecordProperty("rss_kib_per_end", std::to_string(kibPerEnd));
+    std::printf("idle same-host connection end: %.2f fds, %.1f KiB resident\n", fdsPerEnd,
+                kibPerEnd);
+    EXPECT_LE(fdsPerEnd, 1.01) << "the setup's endpoint was not closed";
+    // Each end maps the region (its touched pages count in each mapping): the header and a page
+    // of each ring, 12 KiB, plus the connection's own structures.
+    EXPECT_LT(kibPerEnd, 64.0);
+}
+
+} // namespace
+} // namespace rstream
