@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 # Programs whose two ends run on this host, both under the shim: the same-host transport carries
 # their connections (RSTREAM_SAME_HOST=1, the default outside the test setup), and the
-# statistics must show it: iperf3 one stream, redis-benchmark's 50 clients, a 1 MiB value through
+# statistics and rstream-stat must show it: iperf3 one stream, redis-benchmark's 50 clients, a 1 MiB value through
 # redis-cli, and an nginx whose workers fork after listening, under wrk.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -27,12 +27,27 @@ expect_same_host() {
 	log "$role: $(stat_sum "$role" same_host_connections) same-host connections"
 }
 
-# iperf3: the control connection and the stream.
+rstat=$(realpath "${3:?usage: $0 LIB RUN RSTREAM_STAT}")
+
+# iperf3: the control connection and the stream; rstream-stat shows them as same-host while
+# the test runs.
 start_server iperf-server 1 shim iperf-server 40 iperf3 -s -1 -p @PORT@
-rc=0
-shim iperf-client 40 iperf3 -c 127.0.0.1 -p "$port" -t 2 -f m >"$work/iperf-client.log" 2>&1 ||
-	rc=$?
-[ "$rc" -eq 0 ] || fail "iperf3 client exited with $rc"
+start iperf-client shim iperf-client 40 iperf3 -c 127.0.0.1 -p "$port" -t 2 -f m
+client_pid=$last_pid
+spid=$(pgrep -P "$server_pid" | head -n 1)
+[ -n "$spid" ] || fail "no iperf3 server process"
+n=0
+for _ in $(seq 40); do
+	"$rstat" -j "$spid" >"$work/stat.json" 2>/dev/null &&
+		n=$(grep -o '"path": "same_host"' "$work/stat.json" | wc -l)
+	[ "$n" -ge 2 ] && break
+	sleep 0.05
+done
+[ "$n" -ge 2 ] || { cat "$work/stat.json"; fail "rstream-stat shows $n same-host connections"; }
+grep -q '"same_host_connections": 2' "$work/stat.json" || fail "rstream-stat: wrong same-host total"
+"$rstat" "$spid" | grep -Eq "^[0-9]+ +same +established " || fail "rstream-stat's table shows no same row"
+log "rstream-stat: 2 same-host connections"
+finish "$client_pid" || fail "iperf3 client failed"
 finish "$server_pid" || fail "iperf3 server failed"
 log "iperf3: $(grep -E 'receiver$' "$work/iperf-client.log" | tail -n 1)"
 expect_same_host iperf-client 2
