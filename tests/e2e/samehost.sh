@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: MIT
 # Programs whose two ends run on this host, both under the shim: the same-host transport carries
 # their connections (RSTREAM_SAME_HOST=1, the default outside the test setup), and the
-# statistics and rstream-stat must show it: iperf3 one stream, redis-benchmark's 50 clients, a 1 MiB value through
-# redis-cli, and an nginx whose workers fork after listening, under wrk.
+# statistics and rstream-stat must show it: iperf3 one stream, redis-benchmark's 50 clients and a
+# 1 MiB value through redis-cli.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
