@@ -396,6 +396,7 @@ private:
     int shArmLocked();
     // Once the link is up: the setup's endpoint, queues and rings are closed and freed.
     void shReleaseFabricLocked();
+    int64_t shTimerLocked(int64_t nowNs); // cork and idle ring: the next deadline (0: none)
     // The link is up and the fabric's part is done: pollers sleep on the link's fd from now on.
     void shConnectedLocked();
     // The connecting end, on the peer's answer: collects the link it sent (0), or -errno.

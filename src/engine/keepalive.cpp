@@ -98,14 +98,9 @@ int64_t Connection::timerTick(int64_t now, bool *watch)
     if (!lock.owns_lock())
         return now + 1000000; // the application is in a call: look again shortly
     if (shOn_.load(std::memory_order_relaxed) && state_ != State::Accepting) {
-        // The link's socket tells when the peer goes: no keepalive. Only corked data waits.
-        if (!sh_->held() || !corkSinceNs_)
-            return 0;
-        if (now < corkSinceNs_ + kCorkMaxNs)
-            return corkSinceNs_ + kCorkMaxNs;
-        sh_->flush();
-        corkSinceNs_ = 0;
-        return 0;
+        // The link's socket tells when the peer goes: no keepalive. Corked data and an idle
+        // ring have timers.
+        return shTimerLocked(now);
     }
     progressLocked(false);
     int64_t next = keepaliveLocked(now);

@@ -428,6 +428,15 @@ void SameHostLink::closeSocket()
         sys::shutdown(sock_, SHUT_RDWR);
 }
 
+bool SameHostLink::releaseIdleRing()
+{
+    if (err_.load(std::memory_order_relaxed) || held() || unreadByPeer())
+        return false;
+    // The peer published head == tail after its last copy out: no read of the ring is under
+    // way, and the next byte it reads is written after this.
+    return madvise(txRing_, txSize_, MADV_REMOVE) == 0;
+}
+
 std::string SameHostLink::debugState() const
 {
     char buf[320];

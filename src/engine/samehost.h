@@ -132,6 +132,10 @@ public:
     void closeSocket();
     // The link failed locally (a bad index or flag from the peer): its error, 0 if none.
     int error() const { return err_.load(std::memory_order_acquire); }
+    // Sender side (one sender at a time): when everything sent has been read, the send ring's
+    // pages go back to the system (the peer's mapping loses them too, and reads nothing there
+    // until this end writes again). true when released.
+    bool releaseIdleRing();
     // One line of state, for diagnostics.
     std::string debugState() const;
     // Bytes of the region backed by memory now (mincore).

@@ -299,6 +299,13 @@ ssize_t Connection::shSendv(const iovec *iov, int iovcnt, int flags, int64_t dea
             bytesSent_.fetch_add(n, std::memory_order_relaxed);
             {
                 std::lock_guard<std::mutex> lock(mutex_);
+                if (!ringTimerArmed_ && settings_.ringIdleMs > 0) {
+                    // The send ring gives its pages back once the connection is idle.
+                    ringTimerArmed_ = true;
+                    ringStamp_ = bytesMovedLocked();
+                    ringDueNs_ = nowNs() + int64_t(settings_.ringIdleMs) * 1000000;
+                    ProgressThread::instance().schedule(this, ringDueNs_);
+                }
                 if (!sh_->held()) {
                     corkSinceNs_ = 0;
                 } else if (!corkSinceNs_) {
@@ -388,6 +395,38 @@ void Connection::shCloseLocked(bool abortive)
             sh_->shutWr(true);
     }
     sh_->closeSocket();
+}
+
+int64_t Connection::shTimerLocked(int64_t now)
+{
+    int64_t next = 0;
+    if (sh_->held() && corkSinceNs_) {
+        if (now >= corkSinceNs_ + kCorkMaxNs) {
+            sh_->flush();
+            corkSinceNs_ = 0;
+        } else {
+            next = corkSinceNs_ + kCorkMaxNs;
+        }
+    }
+    if (ringTimerArmed_) {
+        int64_t due = ringDueNs_;
+        if (now >= due) {
+            const uint64_t moved = bytesMovedLocked();
+            std::unique_lock<std::mutex> send(sendMutex_, std::try_to_lock);
+            if (moved != ringStamp_ || !send.owns_lock()) {
+                ringStamp_ = moved; // busy: look again after a quiet interval
+                due = ringDueNs_ = now + int64_t(settings_.ringIdleMs) * 1000000;
+            } else {
+                if (sh_->releaseIdleRing())
+                    ringReleases_.fetch_add(1, std::memory_order_relaxed);
+                ringTimerArmed_ = false; // the next send arms it again
+                due = 0;
+            }
+        }
+        if (due && (!next || due < next))
+            next = due;
+    }
+    return next;
 }
 
 void Connection::shInfoLocked(Info *i)

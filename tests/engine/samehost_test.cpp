@@ -395,3 +395,42 @@ TEST_F(SameHost, IdleConnectionsHoldOneDescriptorAndLittleMemory)
 
 } // namespace
 } // namespace rstream
+
+namespace rstream {
+namespace {
+
+// After a transfer, a same-host connection quiet for ringIdleMs gives its rings' pages back
+// (each end its send ring, once the peer has read it all), and the stream goes on intact.
+TEST_F(SameHost, IdleRingsGiveTheirPagesBack)
+{
+    Settings st = settings();
+    st.ringIdleMs = 200;
+    auto [c, s] = EngineTest::pair(st, st);
+    ASSERT_TRUE(c && s);
+    std::mt19937 rng(11);
+    for (int round = 0; round < 2; round++) {
+        SCOPED_TRACE(round);
+        std::vector<uint8_t> a(4 << 20), r(a.size());
+        for (auto &x : a)
+            x = static_cast<uint8_t>(rng());
+        std::thread writer([&] {
+            std::mt19937 g(round);
+            sendAll(*c, a.data(), a.size(), g, 300000);
+        });
+        std::mt19937 g(round + 100);
+        recvAll(*s, r.data(), r.size(), g, 65536);
+        writer.join();
+        ASSERT_EQ(checksum(a.data(), a.size()), checksum(r.data(), r.size()));
+        const size_t busy = c->ringResidentBytes();
+        EXPECT_GT(busy, size_t(128 << 10)) << "the ring was not in use";
+        const uint64_t before = c->ringReleases();
+        size_t idle = busy;
+        for (int i = 0; i < 300 && (idle = c->ringResidentBytes()) > 8192; i++)
+            usleep(10000);
+        EXPECT_LE(idle, 8192u) << "still resident after 3 s idle: " << idle;
+        EXPECT_GT(c->ringReleases(), before);
+    }
+}
+
+} // namespace
+} // namespace rstream
