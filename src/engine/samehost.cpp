@@ -28,7 +28,9 @@ bool validRing(uint64_t size)
 void storeMax(std::atomic<uint64_t> &a, uint64_t v)
 {
     uint64_t cur = a.load(std::memory_order_relaxed);
-    while (cur < v && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+    // Release: a thread that reads v here reads the peer's word it came from as new or newer.
+    while (cur < v &&
+           !a.compare_exchange_weak(cur, v, std::memory_order_release, std::memory_order_relaxed)) {
     }
 }
 
@@ -195,9 +197,12 @@ size_t SameHostLink::write(const iovec *iov, int iovcnt, size_t skip, size_t len
 {
     if (err_.load(std::memory_order_relaxed) || myFlags_.load(std::memory_order_relaxed))
         return 0;
+    // What other threads saw is read before the peer's word: a look that stored a newer head
+    // after ours was read must not make ours look like a step back.
+    const uint64_t seen = txHeadSeen_.load(std::memory_order_acquire);
     const uint64_t tail = txTail_.load(std::memory_order_relaxed);
     const uint64_t head = tx_->head.v.load(std::memory_order_acquire);
-    if (head < txHeadSeen_.load(std::memory_order_relaxed) || head > tail) {
+    if (head < seen || head > tail) {
         corrupt("head index");
         return 0;
     }
@@ -248,10 +253,10 @@ size_t SameHostLink::read(const iovec *iov, int iovcnt, size_t skip, size_t len,
 {
     if (err_.load(std::memory_order_relaxed))
         return 0;
+    const uint64_t seen = rxTailSeen_.load(std::memory_order_acquire); // before tail, as above
     const uint64_t head = rxHead_.load(std::memory_order_relaxed);
     const uint64_t tail = rx_->tail.v.load(std::memory_order_acquire);
-    if (tail < rxTailSeen_.load(std::memory_order_relaxed) || tail < head ||
-        tail - head > rxSize_) {
+    if (tail < seen || tail < head || tail - head > rxSize_) {
         corrupt("tail index");
         return 0;
     }
@@ -262,7 +267,7 @@ size_t SameHostLink::read(const iovec *iov, int iovcnt, size_t skip, size_t len,
     copyRing(rxRing_, rxSize_, head & (rxSize_ - 1), iov, iovcnt, skip, n, false);
     if (peek)
         return n;
-    rxHead_.store(head + n, std::memory_order_relaxed);
+    rxHead_.store(head + n, std::memory_order_release);
     rx_->head.v.store(head + n, std::memory_order_release);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (rx_->writerWaiting.v.load(std::memory_order_relaxed) &&
@@ -295,8 +300,10 @@ ssize_t SameHostLink::recvState()
         return e;
     if (f & shm::kReset)
         return -ECONNRESET;
-    const uint64_t seen = rxTailSeen_.load(std::memory_order_relaxed);
-    const uint64_t head = rxHead_.load(std::memory_order_relaxed);
+    // seen and head before tail (acquire, against the release stores of the threads that moved
+    // them), so that an honest tail is never behind either.
+    const uint64_t seen = rxTailSeen_.load(std::memory_order_acquire);
+    const uint64_t head = rxHead_.load(std::memory_order_acquire);
     const uint64_t tail = rx_->tail.v.load(std::memory_order_acquire);
     if (tail < seen || tail < head) {
         corrupt("tail index");
@@ -326,9 +333,10 @@ ssize_t SameHostLink::sendState()
     if (myFlags_.load(std::memory_order_relaxed) || (f & shm::kClosed) ||
         peerGone_.load(std::memory_order_acquire))
         return -EPIPE;
+    const uint64_t seen = txHeadSeen_.load(std::memory_order_acquire); // before head: see write()
     const uint64_t head = tx_->head.v.load(std::memory_order_acquire);
-    const uint64_t tail = txTail_.load(std::memory_order_relaxed);
-    if (head < txHeadSeen_.load(std::memory_order_relaxed) || head > tail) {
+    const uint64_t tail = txTail_.load(std::memory_order_acquire);
+    if (head < seen || head > tail) {
         corrupt("head index");
         return err_.load();
     }

@@ -434,3 +434,56 @@ TEST_F(SameHost, IdleRingsGiveTheirPagesBack)
 
 } // namespace
 } // namespace rstream
+
+namespace rstream {
+namespace {
+
+// Readiness looks from other threads race the sender and the receiver for the words they check
+// (what was seen of the peer's head and tail): progress must never look like a step back.
+TEST_F(SameHost, ConcurrentLooksNeverMistakeProgressForCorruption)
+{
+    auto [c, s] = pair();
+    ASSERT_TRUE(c && s);
+    constexpr size_t kTotal = 16 << 20;
+    std::atomic<bool> done{false};
+    std::vector<std::thread> lookers;
+    for (Connection *x : {c.get(), s.get(), c.get(), s.get()})
+        lookers.emplace_back([&, x] {
+            ssize_t r, w;
+            while (!done.load(std::memory_order_relaxed))
+                x->peek(&r, &w);
+        });
+    std::thread writer([&] {
+        std::vector<uint8_t> buf(1500);
+        size_t sent = 0;
+        uint8_t v = 0;
+        while (sent < kTotal) {
+            for (auto &b : buf)
+                b = v++;
+            const size_t n = std::min(buf.size(), kTotal - sent);
+            const ssize_t r = c->send(buf.data(), n, 0, 20000);
+            ASSERT_GT(r, 0) << strerror(int(-r));
+            v = static_cast<uint8_t>(v - (n - size_t(r)));
+            sent += size_t(r);
+        }
+    });
+    std::vector<uint8_t> buf(1000);
+    size_t got = 0;
+    uint8_t expect = 0;
+    bool intact = true;
+    while (got < kTotal) {
+        const ssize_t r = s->recv(buf.data(), buf.size(), 0, 20000);
+        ASSERT_GT(r, 0) << "at " << got << ": " << strerror(int(-r));
+        for (ssize_t i = 0; i < r; i++)
+            intact &= buf[i] == expect++;
+        got += size_t(r);
+    }
+    writer.join();
+    done = true;
+    for (auto &t : lookers)
+        t.join();
+    EXPECT_TRUE(intact);
+}
+
+} // namespace
+} // namespace rstream
