@@ -389,8 +389,11 @@ TEST_F(SameHost, IdleConnectionsHoldOneDescriptorAndLittleMemory)
                 kibPerEnd);
     EXPECT_LE(fdsPerEnd, 1.01) << "the setup's endpoint was not closed";
     // Each end maps the region (its touched pages count in each mapping): the header and a page
-    // of each ring, 12 KiB, plus the connection's own structures.
+    // of each ring, 12 KiB, plus the connection's own structures. (Sanitizers' shadow memory
+    // and quarantine make RSS meaningless there.)
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
     EXPECT_LT(kibPerEnd, 64.0);
+#endif
 }
 
 } // namespace
