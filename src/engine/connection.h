@@ -130,8 +130,10 @@ public:
     {
         // A same-host link's fd is readable exactly while wake-up bytes (or its end) wait: a
         // pass that finds it quiet lets arm() skip reading them (a system call a connection).
+        // Only links armed since their last change: the busy ones would only cost the check.
         if (shOn_.load(std::memory_order_acquire))
-            return shFd_.load(std::memory_order_acquire);
+            return shArmed_.load(std::memory_order_relaxed) ? shFd_.load(std::memory_order_acquire)
+                                                            : -1;
         return armed_.load(std::memory_order_acquire) ? waitFd_ : -1;
     }
     void hintQuiet()
@@ -548,6 +550,7 @@ private:
     std::atomic<int> shFd_{-1};         // the link's fd, once pollers sleep on it
     std::atomic<bool> shShutRd_{false}; // SHUT_RD, read by the receiver without mutex_
     std::atomic<bool> shQuiet_{false};  // a poller found the link's fd not readable since arm()
+    std::atomic<bool> shArmed_{false};  // armed, and no change looked at since
     uint64_t shToken_ = 0;              // the offer this end made or took
     std::atomic<uint64_t> bytesSent_{0};
     std::atomic<uint64_t> bytesReceived_{0};

@@ -129,7 +129,8 @@ void Connection::shPeekLocked(ssize_t *recv, ssize_t *send)
 {
     shReleaseFabricLocked();
     uint64_t rx = 0, tx = 0;
-    sh_->observe(&rx, &tx);
+    if (sh_->observe(&rx, &tx))
+        shArmed_.store(false, std::memory_order_relaxed);
     if (rx)
         rxEvents_.fetch_add(rx, std::memory_order_relaxed);
     if (tx)
@@ -171,6 +172,7 @@ int Connection::shArmLocked()
     // came since makes its sleep end at once, and its next look finds the fd readable.
     const bool quiet = shQuiet_.exchange(false, std::memory_order_relaxed);
     const int r = sh_->arm(true, write, &drained, quiet);
+    shArmed_.store(r == 0, std::memory_order_relaxed);
     if (drained) {
         // The bytes read may have been another sleeper's wake-up.
         changed_ = true;
