@@ -48,12 +48,16 @@ Connection::~Connection()
     // Lists, timers and the passive set of the progress thread may all name this connection.
     if (known)
         ProgressThread::instance().forget(this, waitFd_);
-    if (ep_) {
-        if (!closed_ && (state_ == State::Connected || state_ == State::Accepting ||
-                         state_ == State::Connecting))
-            fi_shutdown(ep_, 0);
-        ep_.reset();
-    }
+    if (ep_ && !closed_ &&
+        (state_ == State::Connected || state_ == State::Accepting || state_ == State::Connecting))
+        fi_shutdown(ep_, 0);
+    freeEndpoint();
+}
+
+void Connection::freeEndpoint()
+{
+    // The endpoint first: no write of the peer's lands in a window or ring once it is gone.
+    ep_.reset();
     for (const LocalWindow &w : windows_.local())
         if (w.mr)
             fi_close(&w.mr->fid);
@@ -65,12 +69,18 @@ Connection::~Connection()
     waitSet_.reset();
     if (ownWaitFd_ >= 0)
         sys::close(ownWaitFd_);
+    ownWaitFd_ = -1;
     if (info_)
         fi_freeinfo(info_);
+    info_ = nullptr;
     txOps_.reset();
     delete[] rxSlots_;
+    rxSlots_ = nullptr;
+    rxCount_ = 0;
     if (mem_)
         munmap(mem_, memSize_);
+    mem_ = nullptr;
+    memSize_ = 0;
 }
 
 int Connection::bind(const sockaddr *addr, socklen_t len)

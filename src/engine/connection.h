@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <netinet/in.h>
+#include <poll.h>
 #include <string>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -382,6 +383,20 @@ private:
     // progressed: the caller has just made progress and found nothing, so the first look is
     // skipped (on tcp, a CQ poll is a system call).
     int waitFor(int events, int64_t deadlineNs, bool progressed = false);
+    // waitFor()'s and shWaitFor()'s steps after a look that found nothing: spin (Again), give
+    // up (TimedOut), or arm and sleep (Sleep); *now is the time it read.
+    enum class WaitStep
+    {
+        Sleep,
+        Again,
+        TimedOut
+    };
+    WaitStep spinStepLocked(std::unique_lock<std::mutex> &lock, int64_t deadlineNs, int64_t capNs,
+                            int64_t *missNs, int64_t *spinEnd, int64_t *now);
+    // Sleeps (mutex_ released) on fds[0..n-1] and this thread's wake-up eventfd, which it puts
+    // in fds[n], registered as a sleeper, until untilNs (0: no bound). 0, or -EINTR, -ENOMEM.
+    int sleepLocked(std::unique_lock<std::mutex> &lock, pollfd *fds, int n, int64_t untilNs,
+                    int64_t nowNs);
     int64_t keepaliveLocked(int64_t now);
     int64_t userTimeoutLocked(int64_t now); // the next look (0: none)
     int checkCmDataSize(size_t *max);       // *max: the CM data the provider carries
@@ -398,6 +413,8 @@ private:
     int shArmLocked();
     // Once the link is up: the setup's endpoint, queues and rings are closed and freed.
     void shReleaseFabricLocked();
+    // Closes the endpoint, then its regions, queues and fds, and frees its rings (idempotent).
+    void freeEndpoint();
     int64_t shTimerLocked(int64_t nowNs); // cork and idle ring: the next deadline (0: none)
     // The link is up and the fabric's part is done: pollers sleep on the link's fd from now on.
     void shConnectedLocked();

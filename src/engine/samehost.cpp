@@ -290,16 +290,22 @@ uint64_t SameHostLink::unreadByPeer() const
     return tail > head ? tail - head : 0;
 }
 
-ssize_t SameHostLink::recvState()
+int SameHostLink::failure(uint64_t *flags)
 {
     if (const int e = err_.load(std::memory_order_acquire))
         return e;
-    // Flags before tail: the producer publishes its last tail before SHUT_WR.
-    const uint64_t f = peerFlags();
+    *flags = peerFlags();
     if (const int e = err_.load(std::memory_order_acquire))
         return e;
-    if (f & shm::kReset)
-        return -ECONNRESET;
+    return (*flags & shm::kReset) ? -ECONNRESET : 0;
+}
+
+ssize_t SameHostLink::recvState()
+{
+    // Flags before tail: the producer publishes its last tail before SHUT_WR.
+    uint64_t f = 0;
+    if (const int e = failure(&f))
+        return e;
     // seen and head before tail (acquire, against the release stores of the threads that moved
     // them), so that an honest tail is never behind either.
     const uint64_t seen = rxTailSeen_.load(std::memory_order_acquire);
@@ -323,13 +329,9 @@ ssize_t SameHostLink::recvState()
 
 ssize_t SameHostLink::sendState()
 {
-    if (const int e = err_.load(std::memory_order_acquire))
+    uint64_t f = 0;
+    if (const int e = failure(&f))
         return e;
-    const uint64_t f = peerFlags();
-    if (const int e = err_.load(std::memory_order_acquire))
-        return e;
-    if (f & shm::kReset)
-        return -ECONNRESET;
     if (myFlags_.load(std::memory_order_relaxed) || (f & shm::kClosed) ||
         peerGone_.load(std::memory_order_acquire))
         return -EPIPE;

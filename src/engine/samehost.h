@@ -152,7 +152,9 @@ private:
     void wakePeer();
     void publish(uint64_t pos); // the peer may read up to pos
     uint64_t peerFlags();       // validated; 0 after a bad value (the link failed)
-    bool drain();               // true: bytes were read, or the peer went
+    // The link's error, or -ECONNRESET for the peer's reset, else 0; *flags: the peer's flags.
+    int failure(uint64_t *flags);
+    bool drain(); // true: bytes were read, or the peer went
 
     uint8_t *mem_ = nullptr;
     size_t memSize_ = 0;

@@ -9,9 +9,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <poll.h>
-#include <sched.h>
-#include <sys/eventfd.h>
-#include <sys/mman.h>
 
 #include <rdma/fi_cm.h>
 
@@ -22,23 +19,6 @@
 #include "samehost_setup.h"
 
 namespace rstream {
-
-namespace {
-// A sleeping thread's wake-up: as waitFor()'s, one eventfd per thread.
-thread_local int tShWake = -1;
-[[maybe_unused]] const int gForkHandlers = pthread_atfork(nullptr, nullptr, [] {
-    // The fd is the parent's too (see wait.cpp): the child makes its own.
-    if (tShWake >= 0)
-        sys::close(tShWake);
-    tShWake = -1;
-});
-int shWakeFd()
-{
-    if (tShWake < 0)
-        tShWake = std::max(sys::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), -1);
-    return tShWake;
-}
-} // namespace
 
 int Connection::shCollectLocked(const wire::Hello &peer)
 {
@@ -73,29 +53,9 @@ void Connection::shReleaseFabricLocked()
     if (!ep_ || state_ != State::Connected)
         return;
     fi_shutdown(ep_, 0);
-    ep_.reset();
-    nextMr_.reset();
-    remoteMr_.reset();
-    localMr_.reset();
-    cq_.reset();
-    eq_.reset();
-    waitSet_.reset();
-    if (ownWaitFd_ >= 0)
-        sys::close(ownWaitFd_);
-    ownWaitFd_ = -1;
+    freeEndpoint();
     waitFd_ = -1; // closed with its queues: nothing may poll or forget it any more
     armed_.store(false, std::memory_order_relaxed);
-    if (info_)
-        fi_freeinfo(info_);
-    info_ = nullptr;
-    txOps_.reset();
-    delete[] rxSlots_;
-    rxSlots_ = nullptr;
-    rxCount_ = 0;
-    if (mem_)
-        munmap(mem_, memSize_);
-    mem_ = nullptr;
-    memSize_ = 0;
     sendBase_ = recvArea_ = recvBase_ = slotBufs_ = recordBufs_ = rxOldBase_ = nullptr;
     ctrlWords_ = nullptr;
     localDesc_ = nullptr;
@@ -193,27 +153,14 @@ int Connection::shWaitFor(int events, int64_t deadlineNs)
                 spin_.record(nowNs() - missNs, capNs);
             return ready;
         }
-        int64_t now = nowNs();
-        if (!missNs) {
-            missNs = now;
-            const int64_t window = spin_.windowNs(capNs);
-            spinEnd = now + window;
-            spinChosenNs_.store(spinChosenNs_.load(std::memory_order_relaxed) +
-                                    static_cast<uint64_t>(window),
-                                std::memory_order_relaxed);
-        }
-        if (deadlineNs && now >= deadlineNs) {
-            if (now - missNs > capNs)
-                spin_.record(now - missNs, capNs);
+        // The spin's looks read the peer's words in shared memory: no system call.
+        int64_t now = 0;
+        const WaitStep step = spinStepLocked(lock, deadlineNs, capNs, &missNs, &spinEnd, &now);
+        if (step == WaitStep::TimedOut)
             return 0;
-        }
-        if (now < spinEnd) {
-            // The peer's writes land in shared memory: a look costs no system call.
-            lock.unlock();
-            sched_yield();
-            lock.lock();
+        if (step == WaitStep::Again)
             continue;
-        }
+        // Until the fabric's answer (the accepting end), its fd is slept on too.
         const bool fabric = state_ == State::Accepting || state_ == State::Connecting;
         int r;
         if (fabric) {
@@ -229,46 +176,12 @@ int Connection::shWaitFor(int events, int64_t deadlineNs)
         }
         if (r == -EAGAIN)
             continue;
-        const int wakeFd = shWakeFd();
-        if (wakeFd < 0)
-            return -ENOMEM;
-        int timeout = -1;
-        if (deadlineNs)
-            timeout = static_cast<int>(std::max<int64_t>(0, (deadlineNs - now + 999999) / 1000000));
-        if (fabric && (!deadlineNs || connectDeadlineNs_ < deadlineNs))
-            timeout = static_cast<int>(
-                std::max<int64_t>(0, (connectDeadlineNs_ - now + 999999) / 1000000));
-        pollfd pfd[3] = {{sh_->fd(), POLLIN, 0}, {wakeFd, POLLIN, 0}, {waitFd_, POLLIN, 0}};
-        sleepers_.push_back(wakeFd);
-        appSleeping_.fetch_add(1, std::memory_order_relaxed);
-        lock.unlock();
-        int n;
-        {
-            struct Unregister
-            {
-                std::unique_lock<std::mutex> &lock;
-                std::vector<int> &sleepers;
-                std::atomic<int> &sleeping;
-                int fd;
-                ~Unregister()
-                {
-                    if (!lock.owns_lock())
-                        lock.lock();
-                    sleeping.fetch_sub(1, std::memory_order_relaxed);
-                    auto it = std::find(sleepers.begin(), sleepers.end(), fd);
-                    if (it != sleepers.end())
-                        sleepers.erase(it);
-                }
-            } unregister{lock, sleepers_, appSleeping_, wakeFd};
-            n = sys::poll(pfd, fabric ? 3 : 2, timeout);
-        }
-        if (pfd[1].revents & POLLIN) {
-            uint64_t v;
-            while (sys::read(wakeFd, &v, sizeof(v)) > 0) {
-            }
-        }
-        if (n == -EINTR)
-            return -EINTR;
+        int64_t until = deadlineNs;
+        if (fabric && (!until || connectDeadlineNs_ < until))
+            until = connectDeadlineNs_;
+        pollfd pfd[3] = {{sh_->fd(), POLLIN, 0}, {waitFd_, POLLIN, 0}, {}};
+        if ((r = sleepLocked(lock, pfd, fabric ? 2 : 1, until, now)) < 0)
+            return r;
     }
 }
 

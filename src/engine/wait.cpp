@@ -72,8 +72,6 @@ int Connection::wait(int events, int timeoutMs)
 
 int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
 {
-    // The spin is learnt from this connection's earlier waits (AdaptiveSpin), which start at
-    // the first look that finds nothing.
     const int64_t capNs = int64_t(settings_.pollUs) * 1000;
     int64_t missNs = 0, spinEnd = 0;
     std::unique_lock<std::mutex> lock(mutex_);
@@ -104,72 +102,94 @@ int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
         }
         if (!ep_)
             return -ENOTCONN;
-        int64_t now = nowNs();
-        if (!missNs) {
-            missNs = now;
-            const int64_t window = spin_.windowNs(capNs);
-            spinEnd = now + window;
-            spinChosenNs_.store(spinChosenNs_.load(std::memory_order_relaxed) +
-                                    static_cast<uint64_t>(window),
-                                std::memory_order_relaxed);
-        }
-        if (deadlineNs && now >= deadlineNs) {
-            // Only a timeout past the cap says something (a zero timeout is a look, not a wait).
-            if (now - missNs > capNs)
-                spin_.record(now - missNs, capNs);
+        int64_t now = 0;
+        const WaitStep step = spinStepLocked(lock, deadlineNs, capNs, &missNs, &spinEnd, &now);
+        if (step == WaitStep::TimedOut)
             return 0;
-        }
-        if (now < spinEnd) {
-            lock.unlock();
-            sched_yield();
-            lock.lock();
+        if (step == WaitStep::Again)
             continue;
-        }
         if (armLocked() == -EAGAIN) {
             processEqLocked();
             continue;
         }
-        const int wakeFd = tWakeFd.fd();
-        if (wakeFd < 0)
-            return -ENOMEM;
         int64_t until = deadlineNs;
         if (state_ == State::Connecting && (!until || connectDeadlineNs_ < until))
             until = connectDeadlineNs_;
-        int timeout = -1;
-        if (until)
-            timeout = static_cast<int>(std::max<int64_t>(0, (until - now + 999999) / 1000000));
-        sleepers_.push_back(wakeFd);
-        appSleeping_.fetch_add(1, std::memory_order_relaxed);
-        lock.unlock();
-        pollfd pfd[2] = {{waitFd_, POLLIN, 0}, {wakeFd, POLLIN, 0}};
-        int n;
-        {
-            // Also runs when pthread_cancel unwinds out of poll(): a cancelled thread's eventfd
-            // must not stay registered (its number would be reused).
-            struct Unregister
-            {
-                std::unique_lock<std::mutex> &lock;
-                std::vector<int> &sleepers;
-                std::atomic<int> &sleeping;
-                int fd;
-                ~Unregister()
-                {
-                    if (!lock.owns_lock())
-                        lock.lock();
-                    sleeping.fetch_sub(1, std::memory_order_relaxed);
-                    auto it = std::find(sleepers.begin(), sleepers.end(), fd);
-                    if (it != sleepers.end())
-                        sleepers.erase(it);
-                }
-            } unregister{lock, sleepers_, appSleeping_, wakeFd};
-            // The result carries its own errno, which ~Unregister's locking may change.
-            n = sys::poll(pfd, 2, timeout);
-        }
-        if (pfd[1].revents & POLLIN)
-            tWakeFd.drain();
-        if (n == -EINTR)
-            return -EINTR;
+        pollfd pfd[2] = {{waitFd_, POLLIN, 0}, {}};
+        if (const int r = sleepLocked(lock, pfd, 1, until, now); r < 0)
+            return r;
     }
+}
+
+Connection::WaitStep Connection::spinStepLocked(std::unique_lock<std::mutex> &lock,
+                                                int64_t deadlineNs, int64_t capNs, int64_t *missNs,
+                                                int64_t *spinEnd, int64_t *now)
+{
+    *now = nowNs();
+    if (!*missNs) {
+        // The spin is learnt from this connection's earlier waits (AdaptiveSpin), which start at
+        // the first look that finds nothing.
+        *missNs = *now;
+        const int64_t window = spin_.windowNs(capNs);
+        *spinEnd = *now + window;
+        spinChosenNs_.store(spinChosenNs_.load(std::memory_order_relaxed) +
+                                static_cast<uint64_t>(window),
+                            std::memory_order_relaxed);
+    }
+    if (deadlineNs && *now >= deadlineNs) {
+        // Only a timeout past the cap says something (a zero timeout is a look, not a wait).
+        if (*now - *missNs > capNs)
+            spin_.record(*now - *missNs, capNs);
+        return WaitStep::TimedOut;
+    }
+    if (*now < *spinEnd) {
+        lock.unlock();
+        sched_yield();
+        lock.lock();
+        return WaitStep::Again;
+    }
+    return WaitStep::Sleep;
+}
+
+int Connection::sleepLocked(std::unique_lock<std::mutex> &lock, pollfd *fds, int n, int64_t untilNs,
+                            int64_t nowNs)
+{
+    const int wakeFd = tWakeFd.fd();
+    if (wakeFd < 0)
+        return -ENOMEM;
+    fds[n] = {wakeFd, POLLIN, 0};
+    int timeout = -1;
+    if (untilNs)
+        timeout = static_cast<int>(std::max<int64_t>(0, (untilNs - nowNs + 999999) / 1000000));
+    sleepers_.push_back(wakeFd);
+    appSleeping_.fetch_add(1, std::memory_order_relaxed);
+    lock.unlock();
+    int r;
+    {
+        // Also runs when pthread_cancel unwinds out of poll(): a cancelled thread's eventfd
+        // must not stay registered (its number would be reused).
+        struct Unregister
+        {
+            std::unique_lock<std::mutex> &lock;
+            std::vector<int> &sleepers;
+            std::atomic<int> &sleeping;
+            int fd;
+            ~Unregister()
+            {
+                if (!lock.owns_lock())
+                    lock.lock();
+                sleeping.fetch_sub(1, std::memory_order_relaxed);
+                auto it = std::find(sleepers.begin(), sleepers.end(), fd);
+                if (it != sleepers.end())
+                    sleepers.erase(it);
+            }
+        } unregister{lock, sleepers_, appSleeping_, wakeFd};
+        // The result carries its own errno, which ~Unregister's locking may change.
+        r = sys::poll(fds, static_cast<nfds_t>(n + 1), timeout);
+    }
+    if (fds[n].revents & POLLIN)
+        tWakeFd.drain();
+    return r == -EINTR ? -EINTR : 0;
 }
 
 int Connection::armLocked()
