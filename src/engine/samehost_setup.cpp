@@ -104,7 +104,9 @@ public:
         const int64_t now = nowNs();
         for (size_t i = 0; i < arrivals_.size();) {
             Arrival &a = arrivals_[i];
-            if (a.memfd < 0 && readArrival(&a) < 0) {
+            // Accepted between its sender's connect and its write: kept until it writes.
+            const int r = a.memfd < 0 ? readArrival(&a) : 0;
+            if (r < 0 && (r != -EAGAIN || now - a.sinceNs > kArrivalTtlNs)) {
                 dropLocked(i);
                 continue;
             }

@@ -490,3 +490,53 @@ TEST_F(SameHost, ConcurrentLooksNeverMistakeProgressForCorruption)
 
 } // namespace
 } // namespace rstream
+
+namespace rstream {
+namespace {
+
+// A sender's connect and its write are two steps: an arrival accepted in between is kept until
+// the write comes (and taken then), not dropped as if it had sent nothing.
+TEST_F(SameHost, ArrivalAcceptedBeforeItsWriteIsKept)
+{
+    auto [c0, s0] = pair(); // the inbox exists from the first offer on
+    ASSERT_TRUE(c0 && s0);
+    const std::string name = sameHostInboxName();
+    ASSERT_FALSE(name.empty());
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path + 1, name.data(), name.size());
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr *>(&a),
+                        socklen_t(offsetof(sockaddr_un, sun_path) + 1 + name.size())),
+              0);
+    const uint64_t token = 0x5eed5eed5eed5eedull;
+    std::unique_ptr<SameHostLink> link;
+    // The inbox accepts the silent socket while it looks for this token.
+    EXPECT_EQ(collectSameHost(token, 50, &link), -ETIMEDOUT);
+    // Then the sender writes: a region as an accepting end makes it, under the token.
+    int memfd = -1;
+    std::unique_ptr<SameHostLink> mine;
+    ASSERT_EQ(SameHostLink::create(shm::kMinRing, shm::kMinRing, &memfd, &mine), 0);
+    uint64_t t = token;
+    iovec iov{&t, sizeof(t)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof(control);
+    cmsghdr *cm = CMSG_FIRSTHDR(&m);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
+    ASSERT_EQ(sendmsg(fd, &m, MSG_NOSIGNAL), ssize_t(sizeof(t)));
+    close(memfd);
+    ASSERT_EQ(collectSameHost(token, 1000, &link), 0);
+    ASSERT_TRUE(link);
+    EXPECT_EQ(link->recvRing(), shm::kMinRing);
+    close(fd);
+}
+
+} // namespace
+} // namespace rstream
