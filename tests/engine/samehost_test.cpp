@@ -49,6 +49,41 @@ int regionMappings()
     return n;
 }
 
+// A UNIX stream socket connected to this process's inbox, as any local process can make one.
+int connectInbox(const std::string &name)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path + 1, name.data(), name.size());
+    if (::connect(fd, reinterpret_cast<sockaddr *>(&a),
+                  socklen_t(offsetof(sockaddr_un, sun_path) + 1 + name.size())) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+// What an accepting end sends to an inbox: the token, and memfd when it is >= 0.
+ssize_t sendArrival(int fd, uint64_t token, int memfd)
+{
+    iovec iov{&token, sizeof(token)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    if (memfd >= 0) {
+        m.msg_control = control;
+        m.msg_controllen = sizeof(control);
+        cmsghdr *cm = CMSG_FIRSTHDR(&m);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        std::memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
+    }
+    return sendmsg(fd, &m, MSG_NOSIGNAL);
+}
+
 TEST_F(SameHost, ChosenWhenBothEndsAllowIt)
 {
     Settings on = settings(), off = settings();
@@ -139,30 +174,11 @@ TEST_F(SameHost, ForgedArrivalsAtTheInboxAreNotTaken)
     // sends regions of its own, with tokens it made up.
     std::vector<int> forged;
     for (int i = 0; i < 4; i++) {
-        int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-        sockaddr_un a{};
-        a.sun_family = AF_UNIX;
-        std::memcpy(a.sun_path + 1, name.data(), name.size());
-        ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr *>(&a),
-                            socklen_t(offsetof(sockaddr_un, sun_path) + 1 + name.size())),
-                  0);
-        uint64_t token = 0x1234 + i;
-        int memfd = memfd_create("forged", MFD_CLOEXEC);
-        iovec iov{&token, sizeof(token)};
-        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-        msghdr m{};
-        m.msg_iov = &iov;
-        m.msg_iovlen = 1;
-        if (i % 2 == 0) { // half of them without a region at all
-            m.msg_control = control;
-            m.msg_controllen = sizeof(control);
-            cmsghdr *cm = CMSG_FIRSTHDR(&m);
-            cm->cmsg_level = SOL_SOCKET;
-            cm->cmsg_type = SCM_RIGHTS;
-            cm->cmsg_len = CMSG_LEN(sizeof(int));
-            std::memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
-        }
-        ASSERT_EQ(sendmsg(fd, &m, 0), ssize_t(sizeof(token)));
+        const int fd = connectInbox(name);
+        ASSERT_GE(fd, 0);
+        const int memfd = memfd_create("forged", MFD_CLOEXEC);
+        // Half of them without a region at all.
+        ASSERT_EQ(sendArrival(fd, 0x1234 + i, i % 2 == 0 ? memfd : -1), ssize_t(sizeof(uint64_t)));
         close(memfd);
         forged.push_back(fd);
     }
@@ -502,13 +518,8 @@ TEST_F(SameHost, ArrivalAcceptedBeforeItsWriteIsKept)
     ASSERT_TRUE(c0 && s0);
     const std::string name = sameHostInboxName();
     ASSERT_FALSE(name.empty());
-    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::memcpy(a.sun_path + 1, name.data(), name.size());
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr *>(&a),
-                        socklen_t(offsetof(sockaddr_un, sun_path) + 1 + name.size())),
-              0);
+    const int fd = connectInbox(name);
+    ASSERT_GE(fd, 0);
     const uint64_t token = 0x5eed5eed5eed5eedull;
     std::unique_ptr<SameHostLink> link;
     // The inbox accepts the silent socket while it looks for this token.
@@ -517,20 +528,7 @@ TEST_F(SameHost, ArrivalAcceptedBeforeItsWriteIsKept)
     int memfd = -1;
     std::unique_ptr<SameHostLink> mine;
     ASSERT_EQ(SameHostLink::create(shm::kMinRing, shm::kMinRing, &memfd, &mine), 0);
-    uint64_t t = token;
-    iovec iov{&t, sizeof(t)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = control;
-    m.msg_controllen = sizeof(control);
-    cmsghdr *cm = CMSG_FIRSTHDR(&m);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
-    ASSERT_EQ(sendmsg(fd, &m, MSG_NOSIGNAL), ssize_t(sizeof(t)));
+    ASSERT_EQ(sendArrival(fd, token, memfd), ssize_t(sizeof(token)));
     close(memfd);
     ASSERT_EQ(collectSameHost(token, 1000, &link), 0);
     ASSERT_TRUE(link);
