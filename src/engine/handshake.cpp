@@ -176,7 +176,7 @@ int Connection::connectResult()
 
 void Connection::processEqLocked()
 {
-    armed_.store(false, std::memory_order_relaxed); // as processCqLocked()
+    disarmLocked(); // as processCqLocked()
     alignas(fi_eq_cm_entry) uint8_t buf[sizeof(fi_eq_cm_entry) + 256];
     auto &entry = *reinterpret_cast<fi_eq_cm_entry *>(buf);
     for (;;) {

@@ -152,7 +152,7 @@ void Connection::processCqLocked()
 {
     // Reading may take an event that the armed wait fd signalled (on verbs the CQ is then
     // disarmed until the next fi_trywait): the next look makes progress again.
-    armed_.store(false, std::memory_order_relaxed);
+    disarmLocked();
     fi_cq_data_entry entries[16];
     for (int batch = 0; batch < kMaxBatches; batch++) {
         ssize_t n = fi_cq_read(cq_, entries, 16);

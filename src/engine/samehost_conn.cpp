@@ -89,8 +89,8 @@ void Connection::shPeekLocked(ssize_t *recv, ssize_t *send)
 {
     shReleaseFabricLocked();
     uint64_t rx = 0, tx = 0;
-    if (sh_->observe(&rx, &tx))
-        shArmed_.store(false, std::memory_order_relaxed);
+    if (sh_->observe(&rx, &tx) && shArmed_.exchange(false, std::memory_order_relaxed))
+        notifyWatchesLocked(); // a parked poller's entry is no longer armed
     if (rx)
         rxEvents_.fetch_add(rx, std::memory_order_relaxed);
     if (tx)
@@ -132,7 +132,8 @@ int Connection::shArmLocked()
     // came since makes its sleep end at once, and its next look finds the fd readable.
     const bool quiet = shQuiet_.exchange(false, std::memory_order_relaxed);
     const int r = sh_->arm(true, write, &drained, quiet);
-    shArmed_.store(r == 0, std::memory_order_relaxed);
+    if (shArmed_.exchange(r == 0, std::memory_order_relaxed) && r != 0)
+        notifyWatchesLocked();
     if (drained) {
         // The bytes read may have been another sleeper's wake-up.
         changed_ = true;

@@ -237,16 +237,26 @@ int Connection::rearmLocked()
 
 int Connection::arm()
 {
+    return arm(nullptr);
+}
+
+int Connection::arm(uint64_t *seq)
+{
     std::lock_guard<std::mutex> lock(mutex_);
-    if (shOn_.load(std::memory_order_relaxed))
-        return shArmLocked();
-    if (!ep_ || armed_.load(std::memory_order_relaxed))
-        return 0;
-    int ret = armLocked();
-    if (ret != -EAGAIN)
-        return ret;
-    // The caller looks again if what was pending changed anything.
-    return takePendingLocked() ? -EAGAIN : armLocked();
+    int ret;
+    if (shOn_.load(std::memory_order_relaxed)) {
+        ret = shArmLocked();
+    } else if (!ep_ || armed_.load(std::memory_order_relaxed)) {
+        ret = 0;
+    } else {
+        ret = armLocked();
+        // The caller looks again if what was pending changed anything.
+        if (ret == -EAGAIN)
+            ret = takePendingLocked() ? -EAGAIN : armLocked();
+    }
+    if (ret == 0 && seq)
+        *seq = watchSeq_.load();
+    return ret;
 }
 
 void Connection::addWaiter(int eventFd)
@@ -261,6 +271,31 @@ void Connection::removeWaiter(int eventFd)
     auto it = std::find(sleepers_.begin(), sleepers_.end(), eventFd);
     if (it != sleepers_.end())
         sleepers_.erase(it);
+}
+
+void Connection::addWatch(std::shared_ptr<WatchSlot> slot)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    watches_.push_back(std::move(slot));
+}
+
+void Connection::removeWatch(const WatchSlot *slot)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = std::find_if(watches_.begin(), watches_.end(),
+                           [slot](const auto &w) { return w.get() == slot; });
+    if (it != watches_.end())
+        watches_.erase(it);
+}
+
+void Connection::notifyWatchesLocked()
+{
+    // Sequentially consistent, as the poller's parking (store parked, then read the sequence):
+    // either it sees this move and does not park, or this sees the slot parked and marks it.
+    watchSeq_.fetch_add(1);
+    for (auto &w : watches_)
+        if (w->parked.load() && w->parked.exchange(false))
+            w->marks->mark(w->key);
 }
 
 ssize_t Connection::peekRecv()
@@ -294,6 +329,7 @@ void Connection::peek(ssize_t *recv, ssize_t *send)
         if (state_ == State::Accepting)
             progressLocked();
         shPeekLocked(recv, send);
+        tLook = Look{this, watchSeq_.load()};
         return;
     }
     if (tHintPass && hintPass_.load(std::memory_order_relaxed) == tHintPass &&
@@ -309,6 +345,7 @@ void Connection::peek(ssize_t *recv, ssize_t *send)
     }
     *recv = peekRecvLocked();
     *send = peekSendLocked();
+    tLook = Look{this, watchSeq_.load()};
 }
 
 bool Connection::quietLocked() const
@@ -366,6 +403,7 @@ void Connection::wakeSleepersLocked()
             if (sys::write(fd, &one, sizeof(one)) < 0) {
                 // Already readable: the sleeper wakes anyway.
             }
+        notifyWatchesLocked();
     }
     changed_ = false;
 }

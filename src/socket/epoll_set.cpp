@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: MIT
 // epoll over engine sockets (emulated: level-triggered, EPOLLET, EPOLLONESHOT) and kernel fds
-// (the kernel's epoll fd): spin, then sleep on wait fds.
+// (the kernel's epoll fd): look at the members that may be ready, spin, then sleep.
 
 #include "poller.h"
 #include "poller_internal.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <sched.h>
@@ -14,6 +15,48 @@
 namespace rstream {
 
 using namespace detail;
+
+namespace {
+// How long a member's looks find nothing before it is armed and parked, if its look did not
+// arm it: a same-host link's arm makes the peer write a wake-up byte for what it sends next,
+// a cost that busy connections (a request every few microseconds) are spared.
+constexpr int64_t kParkAfterNs = 50'000;
+} // namespace
+
+EpollSet::EpollSet(int epfd) : epfd_(epfd), forkGen_(forkGeneration()) {}
+
+EpollSet::~EpollSet()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (forkGen_ == forkGeneration())
+        for (auto &e : entries_)
+            unwatchLocked(e);
+    if (hintEp_ >= 0)
+        sys::close(hintEp_);
+}
+
+EpollSet::Entry *EpollSet::findLocked(uint64_t key)
+{
+    auto at = index_.find(static_cast<int>(key & 0xffffffff));
+    if (at == index_.end())
+        return nullptr;
+    Entry &e = entries_[at->second];
+    return keyOf(e) == key ? &e : nullptr;
+}
+
+void EpollSet::activateLocked(Entry &e)
+{
+    if (e.parked) {
+        e.parked = false;
+        if (e.slot)
+            e.slot->parked.store(false);
+    }
+    e.idleSinceNs = 0;
+    if (!e.active) {
+        e.active = true;
+        active_.push_back(keyOf(e));
+    }
+}
 
 int EpollSet::ctl(int op, int fd, const epoll_event *event, const std::shared_ptr<Pollable> &sock)
 {
@@ -25,6 +68,8 @@ int EpollSet::ctl(int op, int fd, const epoll_event *event, const std::shared_pt
     auto at = index_.find(fd);
     if (at != index_.end() && migrateLocked(at->second))
         at = index_.end();
+    if (forkGen_ != forkGeneration())
+        forgetAfterForkLocked();
     if (!sock || sock->kernelFd() >= 0) {
         lock.unlock();
         epoll_event copy{};
@@ -51,7 +96,11 @@ int EpollSet::ctl(int op, int fd, const epoll_event *event, const std::shared_pt
             return -EEXIST;
         }
         index_[fd] = entries_.size();
-        entries_.push_back(Entry{fd, sock, event->events, event->data, ~uint64_t(0), 0, false});
+        entries_.push_back(
+            Entry{fd, nextSerial_++, sock, event->events, event->data, ~uint64_t(0), 0, false});
+        if (nextSerial_ == 0)
+            nextSerial_ = 1; // key 0 is the marks' (see readyLocked())
+        active_.push_back(keyOf(entries_.back()));
         return 0;
     case EPOLL_CTL_MOD:
         if (!e) {
@@ -63,6 +112,7 @@ int EpollSet::ctl(int op, int fd, const epoll_event *event, const std::shared_pt
         e->lastGen = ~uint64_t(0);
         e->lastRev = 0;
         e->disabled = false;
+        activateLocked(*e);
         return 0;
     case EPOLL_CTL_DEL:
         if (!e) {
@@ -78,6 +128,8 @@ int EpollSet::ctl(int op, int fd, const epoll_event *event, const std::shared_pt
 
 void EpollSet::eraseLocked(size_t i)
 {
+    // Its key in active_ finds no entry any more, and is dropped at the next look.
+    unwatchLocked(entries_[i]);
     index_.erase(entries_[i].fd);
     if (i + 1 != entries_.size()) {
         entries_[i] = std::move(entries_.back());
@@ -106,72 +158,96 @@ bool EpollSet::migrateLocked(size_t i)
     return true;
 }
 
-void EpollSet::migrateAllLocked()
-{
-    for (size_t i = 0; i < entries_.size();)
-        if (!migrateLocked(i))
-            i++;
-}
-
 int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
 {
     std::lock_guard<std::mutex> lock(mutex_);
-    migrateAllLocked();
-    int n = 0;
-    const size_t count = entries_.size();
-    if (next_ >= count)
-        next_ = 0;
-    // One ppoll tells which connections' looks need progress, and whether the kernel's epoll
-    // has anything (then epoll_wait reads it).
-    Connection::HintPass pass;
-    HintCheck &hints = hints_;
-    for (auto &e : entries_) {
-        members_.push_back(e.disabled ? nullptr : e.sock.lock());
-        if (members_.back())
-            hints.add(*members_.back());
-    }
+    if (forkGen_ != forkGeneration())
+        forgetAfterForkLocked();
+    // One ppoll tells whether the kernel's epoll has anything (then epoll_wait reads it) and
+    // whether parked entries woke.
+    // (The kernel's epoll may hold fds the program added before the set had engine sockets.)
     *kernelReady = true; // epoll_wait reads it (and reports an error)
-    if (!hints.empty()) {
-        lookFds_.assign(1, {epfd_, POLLIN, 0});
-        hints.appendTo(&lookFds_);
-        const timespec zero{0, 0};
-        if (sys::ppoll(lookFds_.data(), lookFds_.size(), &zero, nullptr) >= 0) {
-            hints.apply(lookFds_.data() + 1);
-            *kernelReady = lookFds_[0].revents != 0;
-        }
+    pollfd wakes[2] = {{epfd_, POLLIN, 0}, {hintEp_, POLLIN, 0}};
+    const nfds_t nw = hintEp_ >= 0 ? 2 : 1;
+    const timespec zero{0, 0};
+    if (sys::ppoll(wakes, nw, &zero, nullptr) >= 0) {
+        *kernelReady = wakes[0].revents != 0;
+        if (nw == 2 && wakes[1].revents)
+            takeWakesLocked();
     }
-    // Fairness: each scan starts after the last entry reported by the previous one.
-    const size_t start = next_;
-    for (size_t k = 0; k < count && n < maxevents; k++) {
-        size_t i = (start + k) % count;
-        Entry &e = entries_[i];
-        if (e.disabled)
+    int n = 0;
+    // The entries left unlooked (maxevents reached) come first next time, then those looked at:
+    // each wait starts where the last one stopped.
+    keep_.clear();
+    size_t cut = active_.size();
+    int64_t now = 0;
+    for (size_t k = 0; k < active_.size(); k++) {
+        const uint64_t key = active_[k];
+        if (n >= maxevents) {
+            if (cut == active_.size())
+                cut = k;
             continue;
-        std::shared_ptr<Pollable> s = std::move(members_[i]);
-        if (!s)
+        }
+        Entry *e = findLocked(key);
+        if (!e || !e->active)
+            continue; // gone, or listed twice
+        if (e->disabled) {
+            e->active = false;
             continue;
-        int rev = s->pollEvents(static_cast<int>(toPoll(e.events)));
-        if (!rev)
+        }
+        std::shared_ptr<Pollable> s = e->sock.lock();
+        if (!s || s->kernelFd() >= 0) {
+            migrateLocked(index_[e->fd]); // closed, or fell back to kernel TCP
             continue;
-        if (e.events & EPOLLET) {
+        }
+        // The watch first: what changes after the look marks the entry once it is parked.
+        if (std::shared_ptr<Connection> c = s->hintConnection())
+            watchLocked(*e, c);
+        Connection::clearLook();
+        looks_.fetch_add(1, std::memory_order_relaxed);
+        const int rev = s->pollEvents(static_cast<int>(toPoll(e->events)));
+        const Connection::Look look = Connection::lastLook();
+        e->looked = e->connRaw && look.conn == e->connRaw;
+        e->lookSeq = look.seq;
+        bool report = rev != 0;
+        if (report && (e->events & EPOLLET)) {
             // Edge-triggered: report again only after new progress or a new condition.
-            uint64_t gen = s->generation(static_cast<int>(toPoll(e.events)));
-            bool fresh = gen != e.lastGen || (rev & ~e.lastRev);
-            e.lastGen = gen;
-            e.lastRev = rev;
-            if (!fresh)
-                continue;
+            uint64_t gen = s->generation(static_cast<int>(toPoll(e->events)));
+            report = gen != e->lastGen || (rev & ~e->lastRev);
+            e->lastGen = gen;
+            e->lastRev = rev;
         }
-        events[n].events = toEpoll(rev);
-        events[n].data = e.data;
-        n++;
-        if (e.events & EPOLLONESHOT)
-            e.disabled = true;
-        next_ = i + 1;
+        if (report) {
+            events[n].events = toEpoll(rev);
+            events[n].data = e->data;
+            n++;
+            e->idleSinceNs = 0;
+            if (e->events & EPOLLONESHOT) {
+                e->disabled = true;
+                e->active = false;
+                continue;
+            }
+            keep_.push_back(key);
+            continue;
+        }
+        if (!now)
+            now = nowNs();
+        if (!e->idleSinceNs)
+            e->idleSinceNs = now;
+        // Connections the look armed park at once; the others once idle for a while (arming a
+        // same-host link makes its peer write a wake-up byte for what it sends next).
+        if (parkLocked(*e, now - e->idleSinceNs >= kParkAfterNs) == 1) {
+            e->active = false;
+            continue;
+        }
+        keep_.push_back(key);
     }
-    // The scratch holds no socket or connection past the look (a closed one goes at once).
-    hints.clear();
-    members_.clear();
+    if (cut < active_.size()) {
+        std::vector<uint64_t> next(active_.begin() + static_cast<ptrdiff_t>(cut), active_.end());
+        next.insert(next.end(), keep_.begin(), keep_.end());
+        keep_.swap(next);
+    }
+    active_.swap(keep_);
     return n;
 }
 
@@ -277,7 +353,7 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
     const int wakeFd = tWake.fd();
     if (wakeFd < 0)
         return -ENOMEM;
-    std::vector<std::shared_ptr<Pollable>> socks;
+    std::vector<std::shared_ptr<Pollable>> socks, registered;
     std::vector<short> interest;
     std::vector<pollfd> sleepFds;
     for (;;) {
@@ -301,18 +377,41 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
             sched_yield();
             continue;
         }
-        socks = liveMembers(&interest);
+        // Register first, then look again, then arm: progress made by another thread after
+        // the look writes the eventfd (or marks a parked entry), progress still pending makes
+        // arming fail. Only the active entries are registered: the parked ones are watched.
+        activeMembers(&registered);
         Waiters waiters(wakeFd);
-        for (auto &s : socks)
+        for (auto &s : registered)
             waiters.add(*s);
         n = check();
         if (n != 0)
             return n;
+        int hintEp;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (parkAllLocked(&socks, &interest) == -EAGAIN)
+                continue;
+            hintEp = hintEp_;
+        }
+        // A member that woke during the look and cannot park was not registered: look again.
+        auto byAddress = [](const auto &a, const auto &b) { return a.get() < b.get(); };
+        std::sort(registered.begin(), registered.end(), byAddress);
+        bool unregistered = false;
+        for (auto &s : socks)
+            if (!std::binary_search(registered.begin(), registered.end(), s, byAddress))
+                unregistered = true;
+        registered.clear();
+        if (unregistered)
+            continue;
         sleepFds.clear();
         sleepFds.push_back({epfd_, POLLIN, 0});
         sleepFds.push_back({wakeFd, POLLIN, 0});
+        if (hintEp >= 0)
+            sleepFds.push_back({hintEp, POLLIN, 0});
         if (int r = armAndSleep(socks, interest, &sleepFds, deadline, mask, waiters); r < 0)
             return r;
+        socks.clear();
     }
 }
 

@@ -14,6 +14,7 @@
 
 #include "pollable.h"
 #include "spin.h"
+#include "watch.h"
 
 namespace rstream {
 
@@ -57,10 +58,17 @@ int selectFds(int nfds, fd_set *readfds, fd_set *writefds, fd_set *exceptfds, ti
 // and kernel fds (kept in the real epoll fd, which the kernel answers for). It is pollable
 // itself, so that an epoll fd inside poll() or another epoll becomes readable as the kernel's
 // does.
+//
+// Like the kernel's, a wait looks only at members that may be ready, not at every member:
+// a member found with nothing to report is parked once its connection is armed (epoll_ready.cpp).
+// Its armed wait fd sits in an epoll of the set's own (the hint epoll), one-shot, and its
+// connection holds a watch slot that it marks when another thread's progress changes what the
+// look saw. Either wakes the member, and only the members awake are looked at.
 class EpollSet : public Pollable
 {
 public:
-    explicit EpollSet(int epfd) : epfd_(epfd) {}
+    explicit EpollSet(int epfd);
+    ~EpollSet() override;
     int fd() const { return epfd_; }
     // sock null: fd is a kernel fd and goes to the kernel's epoll.
     int ctl(int op, int fd, const epoll_event *event, const std::shared_ptr<Pollable> &sock);
@@ -74,40 +82,90 @@ public:
     void addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered) override;
     uint64_t generation(int) override { return gen_.fetch_add(1, std::memory_order_relaxed); }
 
+    // Tests: members looked at by the waits so far, and members parked now.
+    uint64_t looks() const { return looks_.load(std::memory_order_relaxed); }
+    size_t parkedCount();
+
 private:
     AdaptiveSpin spin_; // wait()'s spin before it sleeps, learnt from this set's waits
     struct Entry
     {
         int fd;
+        uint32_t serial; // with fd, the entry's key: a later entry under the same fd differs
         std::weak_ptr<Pollable> sock;
         uint32_t events;
         epoll_data_t data;
         uint64_t lastGen;
         int lastRev;
-        bool disabled; // EPOLLONESHOT fired; waits for EPOLL_CTL_MOD
+        bool disabled;           // EPOLLONESHOT fired; waits for EPOLL_CTL_MOD
+        bool active = true;      // in active_: every wait looks at it
+        bool parked = false;     // woken only through the hint epoll or its watch slot
+        bool fired = false;      // woken by its fd: its connection arms again before it parks
+        int64_t idleSinceNs = 0; // the first of the looks in a row that found nothing (0: none)
+        // The connection its watch slot is registered with, and what its last look saw of it.
+        std::weak_ptr<Connection> conn;
+        const Connection *connRaw = nullptr;
+        std::shared_ptr<WatchSlot> slot;
+        bool looked = false; // the last look reached connRaw, and lookSeq is its watchSeq()
+        uint64_t lookSeq = 0;
+        int hintFd = -1; // the fd registered for it in the hint epoll (-1: none)
     };
+    static uint64_t keyOf(const Entry &e) { return uint64_t(e.serial) << 32 | uint32_t(e.fd); }
+    Entry *findLocked(uint64_t key);
     // Level-triggered and edge-triggered events of the engine sockets; *kernelReady: whether
     // the kernel's epoll has events to read too.
     int collect(epoll_event *events, int maxevents, bool *kernelReady);
     // Entry i moves to the kernel's epoll if its socket fell back to kernel TCP, or goes if
     // the socket was closed: true when it left entries_ (the last entry takes its place).
     bool migrateLocked(size_t i);
-    void migrateAllLocked();
     void eraseLocked(size_t i);
+    // Makes the entry active (looked at by the next wait), unparking it.
+    void activateLocked(Entry &e);
     // The live sockets of the entries not disabled by EPOLLONESHOT.
     // The members, and (when interest is given) the poll events each was added for.
     std::vector<std::shared_ptr<Pollable>> liveMembers(std::vector<short> *interest = nullptr);
+
+    // Parking (epoll_ready.cpp).
+    // The hint epoll and the marks, made on first need: false when they cannot be had.
+    bool readyLocked();
+    // After fork the hint epoll and the marks' eventfd are shared with the parent: the child's
+    // set starts over with every member active.
+    void forgetAfterForkLocked();
+    // Registers the entry's watch slot with c (the connection its socket uses now), before its
+    // look, so that what changes after the look marks it once parked.
+    void watchLocked(Entry &e, const std::shared_ptr<Connection> &c);
+    void unwatchLocked(Entry &e);
+    // Parks an entry whose look found nothing to report: 1 parked, 0 it stays active, -EAGAIN
+    // something changed since its look (look again before sleeping). arm: arms the connection
+    // if the look did not (before sleeping, or once it has been idle for a while).
+    int parkLocked(Entry &e, bool arm);
+    // Takes the wake-ups of parked entries (their fds, their marks) and makes them active.
+    void takeWakesLocked();
+    // Before sleeping: every active entry is parked, or listed in socks (with interest) to sleep
+    // on as poll does. -EAGAIN: something changed, look again.
+    int parkAllLocked(std::vector<std::shared_ptr<Pollable>> *socks, std::vector<short> *interest);
+    // The live sockets of the active entries (those a sleep may have to wait on as poll does).
+    void activeMembers(std::vector<std::shared_ptr<Pollable>> *socks);
 
     const int epfd_;
     std::mutex mutex_;
     std::vector<Entry> entries_;
     std::unordered_map<int, size_t> index_; // fd -> its entry
-    size_t next_ = 0;                       // where the next scan starts, for fairness
-    // collect()'s scratch, kept to spare an allocation per look.
-    std::vector<std::shared_ptr<Pollable>> members_;
-    std::vector<pollfd> lookFds_;
-    detail::HintCheck hints_;
+    uint32_t nextSerial_ = 1;
+    std::vector<uint64_t> active_; // keys of the active entries, in the order they are looked at
+    std::vector<uint64_t> keep_;   // collect()'s scratch for the next active_
+    // Parking: the hint epoll (its key 0 is the marks' eventfd), the marks, and which entry's
+    // key each registered hint fd carries.
+    int hintEp_ = -1;
+    std::shared_ptr<ReadyMarks> marks_;
+    std::unordered_map<int, uint64_t> hintOwner_;
+    std::vector<uint64_t> marked_; // scratch
+    uint64_t forkGen_;
+    std::atomic<uint64_t> looks_{0};
     std::atomic<uint64_t> gen_{0};
 };
+
+// Moves in each fork child (the sets' own fds are then shared with the parent).
+uint64_t forkGeneration();
 
 } // namespace rstream

@@ -25,15 +25,25 @@ using namespace rstest;
 
 namespace {
 
-// The peer: connects to PORT with backend NAME and then never reads nor writes (its buffers
-// fill when this side sends), until it is killed.
-int runPeer(const char *backend, int port)
+// The peer: connects to PORT with backend NAME and then never reads (its buffers fill when
+// this side sends), until it is killed. chat: it first sends kChats messages of kChatSize
+// bytes, kChatGapMs apart (so that this side sleeps between them); else it never writes.
+constexpr int kChats = 3;
+constexpr size_t kChatSize = 10;
+constexpr int kChatGapMs = 30;
+int runPeer(const char *backend, int port, bool chat)
 {
     const Backend *b = std::string(backend) == "kernel" ? &kKernel : &kRsocket;
     int fd = b->socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a = loopback4(static_cast<uint16_t>(port));
     if (fd < 0 || b->connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) != 0)
         return 1;
+    for (int i = 0; chat && i < kChats; i++) {
+        usleep(kChatGapMs * 1000);
+        const char msg[kChatSize] = {'c', 'h', 'a', 't'};
+        if (b->send(fd, msg, sizeof(msg), MSG_NOSIGNAL) != ssize_t(sizeof(msg)))
+            return 1;
+    }
     for (;;)
         pause();
 }
@@ -64,14 +74,17 @@ enum class Blocked
     Recv,
     Send,
     Poll,
-    Epoll
+    Epoll,
+    // epoll_wait, edge-triggered for reading and writing as nginx waits, after the peer's
+    // messages were read and a reply left unread by it.
+    EpollAfterTraffic
 };
 
 class PeerDeath : public BackendTest
 {
 protected:
     // Starts the peer, accepts its connection: the descriptor, or -1.
-    int acceptPeer()
+    int acceptPeer(bool chat = false)
     {
         uint16_t port = 0;
         int lfd = newListener(AF_INET, &port);
@@ -80,7 +93,8 @@ protected:
         pid_ = fork();
         if (pid_ == 0) {
             const std::string p = std::to_string(port);
-            execl("/proc/self/exe", "peer_death_test", "--peer", b->name, p.c_str(), nullptr);
+            execl("/proc/self/exe", "peer_death_test", chat ? "--chat" : "--peer", b->name,
+                  p.c_str(), nullptr);
             _exit(127);
         }
         pollfd p{lfd, POLLIN, 0};
@@ -107,9 +121,35 @@ protected:
     // it took after the kill.
     void blockedWhenThePeerDies(Blocked what)
     {
-        int fd = acceptPeer();
+        int fd = acceptPeer(what == Blocked::EpollAfterTraffic);
         ASSERT_GE(fd, 0);
         std::vector<uint8_t> buf(256 * 1024, 0x5a);
+        int ep = -1;
+        if (what == Blocked::EpollAfterTraffic) {
+            ASSERT_EQ(b->fcntl(fd, F_SETFL, O_NONBLOCK), 0);
+            ep = b->epoll_create();
+            ASSERT_GE(ep, 0);
+            epoll_event ev{};
+            ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+            ASSERT_EQ(b->epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev), 0);
+            // The peer's messages, each read to EAGAIN when epoll reports it (sleeping between).
+            size_t got = 0;
+            const auto t0 = std::chrono::steady_clock::now();
+            while (got < kChats * kChatSize && msSince(t0) < 10000) {
+                epoll_event out{};
+                if (b->epoll_wait(ep, &out, 1, 1000) != 1)
+                    continue;
+                ssize_t n;
+                while ((n = b->recv(fd, buf.data(), buf.size(), 0)) > 0)
+                    got += static_cast<size_t>(n);
+            }
+            ASSERT_EQ(got, kChats * kChatSize);
+            ASSERT_EQ(b->send(fd, buf.data(), 100, MSG_NOSIGNAL), 100);
+            // Edges already reported are not reported again: the next wait blocks.
+            epoll_event out{};
+            while (b->epoll_wait(ep, &out, 1, 50) == 1) {
+            }
+        }
         if (what == Blocked::Send) {
             // Fill what the buffers take, so that the next send blocks.
             size_t total = 0;
@@ -145,13 +185,18 @@ protected:
                 break;
             }
             case Blocked::Epoll: {
-                int ep = b->epoll_create();
+                const int e = b->epoll_create();
                 epoll_event ev{};
                 ev.events = EPOLLIN | EPOLLRDHUP;
-                b->epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+                b->epoll_ctl(e, EPOLL_CTL_ADD, fd, &ev);
+                epoll_event out{};
+                result = b->epoll_wait(e, &out, 1, 20000) == 1 ? out.events : -1;
+                b->close(e);
+                break;
+            }
+            case Blocked::EpollAfterTraffic: {
                 epoll_event out{};
                 result = b->epoll_wait(ep, &out, 1, 20000) == 1 ? out.events : -1;
-                b->close(ep);
                 break;
             }
             }
@@ -185,12 +230,15 @@ protected:
             EXPECT_TRUE(result > 0 && (result & (POLLIN | POLLHUP | POLLERR))) << result;
             break;
         case Blocked::Epoll:
+        case Blocked::EpollAfterTraffic:
             EXPECT_TRUE(result > 0 && (result & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)))
                 << result;
             break;
         }
         // The descriptor reports the end from now on, and another connection works.
         EXPECT_LE(b->recv(fd, buf.data(), 1, MSG_DONTWAIT), 0);
+        if (ep >= 0)
+            b->close(ep);
         expectNewPairWorks();
     }
 
@@ -332,6 +380,11 @@ TEST_P(PeerDeath, BlockedInEpollWait)
     blockedWhenThePeerDies(Blocked::Epoll);
 }
 
+TEST_P(PeerDeath, BlockedInEdgeTriggeredEpollAfterTraffic)
+{
+    blockedWhenThePeerDies(Blocked::EpollAfterTraffic);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, PeerDeath, ::testing::ValuesIn(kBackends), paramName);
 
 } // namespace
@@ -339,7 +392,9 @@ INSTANTIATE_TEST_SUITE_P(Backends, PeerDeath, ::testing::ValuesIn(kBackends), pa
 int main(int argc, char **argv)
 {
     if (argc == 4 && std::string(argv[1]) == "--peer")
-        return runPeer(argv[2], std::atoi(argv[3]));
+        return runPeer(argv[2], std::atoi(argv[3]), false);
+    if (argc == 4 && std::string(argv[1]) == "--chat")
+        return runPeer(argv[2], std::atoi(argv[3]), true);
     if (argc == 4 && std::string(argv[1]) == "--listen")
         return runListener(argv[2], std::atoi(argv[3]));
     ::testing::InitGoogleTest(&argc, argv);

@@ -1,0 +1,254 @@
+// SPDX-License-Identifier: MIT
+// epoll's ready list: members found with nothing to report are parked, and only the members
+// woken since (by their armed fds or their connections' marks) are looked at again.
+
+#include "poller.h"
+#include "poller_internal.h"
+
+#include <cerrno>
+#include <cstring>
+
+#include "log.h"
+
+namespace rstream {
+
+using namespace detail;
+
+namespace {
+std::atomic<uint64_t> gForkGeneration{0};
+[[maybe_unused]] const int gForkHandler = pthread_atfork(
+    nullptr, nullptr, [] { gForkGeneration.fetch_add(1, std::memory_order_relaxed); });
+} // namespace
+
+uint64_t forkGeneration()
+{
+    return gForkGeneration.load(std::memory_order_relaxed);
+}
+
+bool EpollSet::readyLocked()
+{
+    if (hintEp_ >= 0)
+        return true;
+    std::shared_ptr<ReadyMarks> marks = ReadyMarks::create();
+    if (!marks)
+        return false;
+    const int ep = sys::epollCreate1(EPOLL_CLOEXEC);
+    if (ep < 0)
+        return false;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = 0; // no entry's key (serials start at 1)
+    if (sys::epollCtl(ep, EPOLL_CTL_ADD, marks->fd(), &ev) < 0) {
+        sys::close(ep);
+        return false;
+    }
+    hintEp_ = ep;
+    marks_ = std::move(marks);
+    return true;
+}
+
+void EpollSet::forgetAfterForkLocked()
+{
+    // The connections are the parent's (the child's copies fail), and their mutexes may have
+    // been held by the parent's other threads: they are not touched. A slot left with them is
+    // never marked (not parked), and the shared fds are the child's copies to close.
+    forkGen_ = forkGeneration();
+    active_.clear();
+    for (auto &e : entries_) {
+        if (e.slot)
+            e.slot->parked.store(false);
+        e.slot.reset();
+        e.conn.reset();
+        e.connRaw = nullptr;
+        e.looked = false;
+        e.hintFd = -1;
+        e.parked = false;
+        e.fired = false;
+        e.idleSinceNs = 0;
+        e.active = !e.disabled;
+        if (e.active)
+            active_.push_back(keyOf(e));
+    }
+    hintOwner_.clear();
+    marks_.reset();
+    if (hintEp_ >= 0)
+        sys::close(hintEp_);
+    hintEp_ = -1;
+}
+
+void EpollSet::watchLocked(Entry &e, const std::shared_ptr<Connection> &c)
+{
+    if (e.connRaw == c.get())
+        return;
+    unwatchLocked(e);
+    if (!readyLocked())
+        return; // never parked: looked at by every wait, as before
+    e.slot = std::make_shared<WatchSlot>(marks_, keyOf(e));
+    c->addWatch(e.slot);
+    e.conn = c;
+    e.connRaw = c.get();
+}
+
+void EpollSet::unwatchLocked(Entry &e)
+{
+    if (e.hintFd >= 0) {
+        auto own = hintOwner_.find(e.hintFd);
+        if (own != hintOwner_.end() && own->second == keyOf(e)) {
+            hintOwner_.erase(own);
+            // Only while the connection lives and the fd is still its own: a closed fd left the
+            // hint epoll with its file, and its number may be another connection's now.
+            if (auto c = e.conn.lock(); c && c->waitFd() == e.hintFd)
+                (void)sys::epollCtl(hintEp_, EPOLL_CTL_DEL, e.hintFd, nullptr);
+        }
+        e.hintFd = -1;
+    }
+    if (e.slot) {
+        e.slot->parked.store(false);
+        if (auto c = e.conn.lock())
+            c->removeWatch(e.slot.get());
+        e.slot.reset();
+    }
+    e.conn.reset();
+    e.connRaw = nullptr;
+    e.looked = false;
+    e.parked = false;
+}
+
+int EpollSet::parkLocked(Entry &e, bool arm)
+{
+    if (!e.slot || !e.looked)
+        return 0; // no connection behind it, or its look did not reach it
+    std::shared_ptr<Connection> c = e.conn.lock();
+    if (!c)
+        return 0;
+    const uint64_t key = keyOf(e);
+    // Woken by its fd, an entry arms again even if its connection still counts as armed: the
+    // look may not have read what made the fd readable (a same-host link's look reads shared
+    // memory, not its socket, where the peer's end shows).
+    int fd = e.fired ? -1 : c->hintFd();
+    if (fd < 0) {
+        if (!arm && !e.fired)
+            return 0;
+        e.fired = false;
+        uint64_t seq = 0;
+        const int r = c->arm(&seq);
+        if (r == -EAGAIN || (r == 0 && seq != e.lookSeq))
+            return -EAGAIN; // something came since the look
+        if (r < 0 || (fd = c->hintFd()) < 0)
+            return 0; // failed or closed: its look reports that
+    }
+    // Two entries of one connection (a dup in the same set) cannot both register its fd.
+    if (auto own = hintOwner_.find(fd); own != hintOwner_.end() && own->second != key) {
+        const Entry *o = findLocked(own->second);
+        if (o && o->hintFd == fd && !o->conn.expired())
+            return 0;
+    }
+    // One-shot: it fires once for the parking, and a member woken by a mark is not reported.
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLONESHOT;
+    ev.data.u64 = key;
+    int r = sys::epollCtl(hintEp_, EPOLL_CTL_MOD, fd, &ev);
+    if (r == -ENOENT)
+        r = sys::epollCtl(hintEp_, EPOLL_CTL_ADD, fd, &ev);
+    if (r < 0) {
+        RS_LOG(Debug, "epoll %d: cannot watch fd %d's wait fd %d: %s", epfd_, e.fd, fd,
+               strerror(-r));
+        return 0;
+    }
+    if (e.hintFd >= 0 && e.hintFd != fd) {
+        auto old = hintOwner_.find(e.hintFd);
+        if (old != hintOwner_.end() && old->second == key)
+            hintOwner_.erase(old);
+    }
+    e.hintFd = fd;
+    hintOwner_[fd] = key;
+    // Sequentially consistent, as Connection::notifyWatchesLocked(): either the connection
+    // sees the slot parked and marks it, or this sees its sequence move (or its fd disarmed).
+    e.slot->parked.store(true);
+    if (c->watchSeq() != e.lookSeq || c->hintFd() != fd) {
+        e.slot->parked.store(false);
+        return -EAGAIN;
+    }
+    e.parked = true;
+    return 1;
+}
+
+void EpollSet::takeWakesLocked()
+{
+    epoll_event buf[64];
+    for (;;) {
+        const int k = sys::epollWait(hintEp_, buf, 64, 0);
+        if (k <= 0)
+            return;
+        for (int i = 0; i < k; i++) {
+            if (buf[i].data.u64 == 0) {
+                marked_.clear();
+                marks_->take(&marked_);
+                for (uint64_t key : marked_)
+                    if (Entry *e = findLocked(key); e && !e->disabled)
+                        activateLocked(*e);
+                continue;
+            }
+            if (Entry *e = findLocked(buf[i].data.u64); e && e->parked && !e->disabled) {
+                activateLocked(*e);
+                e->fired = true;
+            }
+        }
+        if (k < 64)
+            return;
+    }
+}
+
+int EpollSet::parkAllLocked(std::vector<std::shared_ptr<Pollable>> *socks,
+                            std::vector<short> *interest)
+{
+    socks->clear();
+    interest->clear();
+    keep_.clear();
+    int result = 0;
+    for (uint64_t key : active_) {
+        Entry *e = findLocked(key);
+        if (!e || !e->active || e->disabled) {
+            if (e && e->disabled)
+                e->active = false;
+            continue;
+        }
+        const int r = result == -EAGAIN ? 0 : parkLocked(*e, true);
+        if (r == 1) {
+            e->active = false;
+            continue;
+        }
+        keep_.push_back(key);
+        if (r == -EAGAIN) {
+            result = -EAGAIN;
+            continue;
+        }
+        if (auto s = e->sock.lock()) {
+            socks->push_back(std::move(s));
+            interest->push_back(static_cast<short>(toPoll(e->events)));
+        }
+    }
+    active_.swap(keep_);
+    return result;
+}
+
+void EpollSet::activeMembers(std::vector<std::shared_ptr<Pollable>> *socks)
+{
+    socks->clear();
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (uint64_t key : active_)
+        if (Entry *e = findLocked(key); e && e->active && !e->disabled)
+            if (auto s = e->sock.lock())
+                socks->push_back(std::move(s));
+}
+
+size_t EpollSet::parkedCount()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    size_t n = 0;
+    for (auto &e : entries_)
+        n += e.parked;
+    return n;
+}
+
+} // namespace rstream

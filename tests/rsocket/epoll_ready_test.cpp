@@ -1,0 +1,192 @@
+// SPDX-License-Identifier: MIT
+// epoll's ready list (src/socket/epoll_ready.cpp): a wait looks only at the members that may be
+// ready, as the kernel's does, and still reports every event: data that arrives at a parked
+// member, progress another thread made on it, a member closed and its number reused.
+
+#include <chrono>
+#include <memory>
+#include <netinet/in.h>
+#include <sys/epoll.h>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernel.h"
+#include "poller.h"
+#include "settings.h"
+#include "socket.h"
+
+namespace rstream {
+namespace {
+
+struct Mode
+{
+    const char *name;
+    bool sameHost;
+};
+const Mode kModes[] = {{"fabric", false}, {"samehost", true}};
+
+class EpollReady : public ::testing::TestWithParam<Mode>
+{
+protected:
+    void SetUp() override
+    {
+        settings_ = Settings::fromEnv();
+        settings_.sameHost = GetParam().sameHost;
+        listener_ = std::make_shared<Socket>(AF_INET, settings_);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        ASSERT_EQ(listener_->bind(reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
+        ASSERT_EQ(listener_->listen(128), 0);
+        socklen_t len = sizeof(addr_);
+        ASSERT_EQ(listener_->localAddress(reinterpret_cast<sockaddr *>(&addr_), &len), 0);
+        epfd_ = sys::epollCreate1(EPOLL_CLOEXEC);
+        ASSERT_GE(epfd_, 0);
+        set_ = std::make_unique<EpollSet>(epfd_);
+    }
+    void TearDown() override
+    {
+        set_.reset();
+        if (epfd_ >= 0)
+            sys::close(epfd_);
+        for (auto &p : pairs_) {
+            p.first->close();
+            p.second->close();
+        }
+        if (listener_)
+            listener_->close();
+    }
+
+    // n connected pairs (client, server), the server ends in the set for EPOLLIN | events,
+    // under fd numbers 1000 + i (the set only keys entries by them).
+    void connectPairs(int n, uint32_t events = 0)
+    {
+        for (int i = 0; i < n; i++) {
+            auto c = std::make_shared<Socket>(AF_INET, settings_);
+            std::shared_ptr<Socket> s;
+            std::thread t([&] { ASSERT_EQ(listener_->accept(&s, nullptr, nullptr), 0); });
+            ASSERT_EQ(c->connect(reinterpret_cast<sockaddr *>(&addr_), sizeof(addr_)), 0);
+            t.join();
+            ASSERT_TRUE(s);
+            ASSERT_EQ(s->connection()->sameHost(), GetParam().sameHost);
+            s->setNonblocking(true);
+            epoll_event ev{};
+            ev.events = EPOLLIN | events;
+            ev.data.u64 = static_cast<uint64_t>(i);
+            ASSERT_EQ(set_->ctl(EPOLL_CTL_ADD, 1000 + i, &ev, s), 0);
+            pairs_.emplace_back(c, s);
+        }
+    }
+
+    // Waits (timeout 0, with short pauses) until n members are parked: true if they were.
+    bool parked(size_t n)
+    {
+        epoll_event out[8];
+        for (int i = 0; i < 200 && set_->parkedCount() < n; i++) {
+            EXPECT_EQ(set_->wait(out, 8, 0, nullptr, 0), 0);
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        return set_->parkedCount() == n;
+    }
+
+    void sendByte(Socket &s)
+    {
+        char b = 'x';
+        iovec v{&b, 1};
+        ASSERT_EQ(s.send(&v, 1, 0), 1);
+    }
+
+    Settings settings_;
+    std::shared_ptr<Socket> listener_;
+    sockaddr_in addr_{};
+    int epfd_ = -1;
+    std::unique_ptr<EpollSet> set_;
+    std::vector<std::pair<std::shared_ptr<Socket>, std::shared_ptr<Socket>>> pairs_;
+};
+
+// With every member idle and parked, waits look at none of them; data for one member wakes it
+// alone, and the wait reports it.
+TEST_P(EpollReady, IdleMembersAreNotLookedAt)
+{
+    constexpr int kPairs = 48;
+    connectPairs(kPairs);
+    ASSERT_TRUE(parked(kPairs)) << set_->parkedCount() << " of " << kPairs << " parked";
+    epoll_event out[8];
+    const uint64_t before = set_->looks();
+    for (int i = 0; i < 100; i++)
+        ASSERT_EQ(set_->wait(out, 8, 0, nullptr, 0), 0);
+    EXPECT_EQ(set_->looks() - before, 0u) << "waits looked at idle members";
+    for (int k : {7, 31, 7}) {
+        sendByte(*pairs_[k].first);
+        const uint64_t at = set_->looks();
+        ASSERT_EQ(set_->wait(out, 8, 5000, nullptr, 50), 1);
+        EXPECT_EQ(out[0].data.u64, uint64_t(k));
+        EXPECT_TRUE(out[0].events & EPOLLIN);
+        EXPECT_LE(set_->looks() - at, 4u) << "a wait looked at more than the member woken";
+        char b;
+        iovec v{&b, 1};
+        ASSERT_EQ(pairs_[k].second->recv(&v, 1, 0), 1);
+        ASSERT_TRUE(parked(kPairs));
+    }
+}
+
+// Progress made outside the wait on a parked member (another thread's look, which takes what
+// arrived) still makes the next wait report it at once. On tcp the wait fd stays signalled until
+// the next arm; where reading the queue resets it (verbs), the connection's mark wakes the member.
+TEST_P(EpollReady, ProgressOutsideTheWaitWakesTheMember)
+{
+    connectPairs(4);
+    epoll_event out[4];
+    for (int round = 0; round < 20; round++) {
+        ASSERT_TRUE(parked(4));
+        sendByte(*pairs_[2].first);
+        // Until the byte is there, as the program's other thread would look.
+        const auto t0 = std::chrono::steady_clock::now();
+        while (!(pairs_[2].second->pollEvents(POLLIN) & POLLIN))
+            ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+        const auto t1 = std::chrono::steady_clock::now();
+        ASSERT_EQ(set_->wait(out, 4, 3000, nullptr, 0), 1) << "round " << round;
+        EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::milliseconds(1000));
+        EXPECT_EQ(out[0].data.u64, 2u);
+        char b;
+        iovec v{&b, 1};
+        ASSERT_EQ(pairs_[2].second->recv(&v, 1, 0), 1);
+    }
+}
+
+// A member closed while parked leaves the set; its number, reused by a new member, reports the
+// new member's events only.
+TEST_P(EpollReady, ClosedMemberLeavesAndItsNumberIsReused)
+{
+    connectPairs(3);
+    ASSERT_TRUE(parked(3));
+    // Close member 1 (the program's close drops the socket, as the shim's fd table does).
+    auto gone = pairs_[1];
+    pairs_.erase(pairs_.begin() + 1);
+    gone.second->close();
+    gone.first->close();
+    gone = {};
+    connectPairs(1); // in the set under 1000 + 0 ... : re-add under member 1's number
+    auto fresh = pairs_.back();
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = 77;
+    ASSERT_EQ(set_->ctl(EPOLL_CTL_ADD, 1001, &ev, fresh.second), 0)
+        << "the closed member's number is free again";
+    epoll_event out[8];
+    sendByte(*fresh.first);
+    int n = set_->wait(out, 8, 5000, nullptr, 0);
+    ASSERT_GE(n, 1);
+    bool seen = false;
+    for (int i = 0; i < n; i++)
+        seen |= out[i].data.u64 == 77;
+    EXPECT_TRUE(seen);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, EpollReady, ::testing::ValuesIn(kModes),
+                         [](const auto &p) { return std::string(p.param.name); });
+
+} // namespace
+} // namespace rstream
