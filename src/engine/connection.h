@@ -387,6 +387,8 @@ private:
     bool needsBackgroundLocked() const;
     // The background work left is data that waits for the peer's credit, and nothing else.
     bool waitsForPeerLocked() const;
+    // ... is knowing that injected writes left the provider, and nothing else.
+    bool onlyInjectsPendingLocked() const;
     // Takes what is pending that the last look did not (true: it changed something, and the
     // sleepers were woken); the progress thread's arm, which takes it until the arm holds.
     bool takePendingLocked();

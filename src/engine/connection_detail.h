@@ -73,5 +73,10 @@ constexpr uint32_t kEqInterval = 16;
 // application last made progress on it: racing it for the lock and the CQ only costs both
 // wake-ups, and on few cores the CPU the application or its peer needs.
 constexpr int64_t kAppIdleNs = 1000000;
+// When all that is left is to learn that injected writes left the provider (they did, unless its
+// socket was full), the thread waits longer: its KEEPALIVE costs both ends a message and the peer
+// a wake-up, and a client whose requests are injected went quiet after every one of them for
+// longer than kAppIdleNs whenever its server took that long to answer.
+constexpr int64_t kInjectIdleNs = 20000000;
 
 } // namespace rstream

@@ -422,6 +422,13 @@ bool Connection::needsBackgroundLocked() const
            kaAckOwed_ || unmappedOwed_ || !windows_.recordsEmpty();
 }
 
+bool Connection::onlyInjectsPendingLocked() const
+{
+    return txOps_.injectPending() && txOps_.empty() && tx_.unsent() == 0 && tx_.inFlight() == 0 &&
+           state_ == State::Connected && !error_ && !closing_ && !local_.due() && !kaAckOwed_ &&
+           !unmappedOwed_ && !(shutWr_ && !shutWrSent_) && windows_.recordsEmpty();
+}
+
 bool Connection::waitsForPeerLocked() const
 {
     return state_ == State::Connected && !error_ && !closed_ && !closing_ && tx_.unsent() > 0 &&
@@ -448,7 +455,8 @@ int Connection::backgroundProgress(bool *closedDone)
         watched_ = false;
         return kProgressDone;
     }
-    const bool appRecent = nowNs() - appProgressNs_.load(std::memory_order_relaxed) < kAppIdleNs;
+    const int64_t idleNs = onlyInjectsPendingLocked() ? kInjectIdleNs : kAppIdleNs;
+    const bool appRecent = nowNs() - appProgressNs_.load(std::memory_order_relaxed) < idleNs;
     if (appRecent && !closing_)
         return kProgressBusy;
     progressLocked(false);
