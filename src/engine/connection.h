@@ -183,24 +183,13 @@ public:
     // the wait fd's signal. Register before the last readiness check, unregister after waking.
     void addWaiter(int eventFd);
     void removeWaiter(int eventFd);
-    // Standing registrations of pollers with many connections (watch.h): a parked slot is
-    // marked, once, whenever something may have changed that the poller's last look did not
-    // see: progress that changed readiness (as for addWaiter's eventfds), and any progress that
-    // disarmed the wait fd (then it no longer signals what comes next). watchSeq() moves at
-    // each of these, marked slot or not: a poller parks an entry only when it did not move
-    // between the entry's look and the slot's parking (lastLook(), then watchSeq()).
+    // Pollers' standing registrations (watch.h, which says when a parked slot is marked).
     void addWatch(std::shared_ptr<WatchSlot> slot);
     void removeWatch(const WatchSlot *slot);
     uint64_t watchSeq() const { return watchSeq_.load(); }
-    struct Look
-    {
-        const Connection *conn;
-        uint64_t seq;
-    };
-    // This thread's last peek(): the connection and its watchSeq(), read under the lock with
-    // what the look saw.
-    static Look lastLook() { return tLook; }
-    static void clearLook() { tLook = Look{nullptr, 0}; }
+    // This thread's last peek(): the connection and its watchSeq() (read with what it saw).
+    static WatchLook lastLook() { return tLook; }
+    static void clearLook() { tLook = WatchLook{nullptr, 0}; }
     // arm(), and on success (0) the watchSeq() read under the lock once armed.
     int arm(uint64_t *seq);
     // Count the events that can make it newly readable (data, EOF, errors) or writable
@@ -403,13 +392,7 @@ private:
     // Moves watchSeq() and marks the parked watch slots (see addWatch()).
     void notifyWatchesLocked();
     // The wait fd no longer signals what comes next: a parked poller must look and arm again.
-    void disarmLocked()
-    {
-        if (armed_.load(std::memory_order_relaxed)) {
-            armed_.store(false, std::memory_order_relaxed);
-            notifyWatchesLocked();
-        }
-    }
+    void disarmLocked();
     int armLocked();
     ssize_t recvLocked(const iovec *iov, int iovcnt, int flags);
 
@@ -524,7 +507,7 @@ private:
     std::vector<int> sleepers_; // wake-up eventfds of the threads asleep in waitFor()
     std::vector<std::shared_ptr<WatchSlot>> watches_; // pollers' standing registrations
     std::atomic<uint64_t> watchSeq_{0};
-    static inline thread_local Look tLook{nullptr, 0};
+    static inline thread_local WatchLook tLook{nullptr, 0};
     // A fi_trywait succeeded and neither the CQ nor the EQ has been read since: anything new
     // makes the wait fd readable (see hintFd()). Written under mutex_, read without it.
     std::atomic<bool> armed_{false};

@@ -235,6 +235,14 @@ int Connection::rearmLocked()
     return -EAGAIN;
 }
 
+void Connection::disarmLocked()
+{
+    if (armed_.load(std::memory_order_relaxed)) {
+        armed_.store(false, std::memory_order_relaxed);
+        notifyWatchesLocked();
+    }
+}
+
 int Connection::arm()
 {
     return arm(nullptr);
@@ -329,7 +337,7 @@ void Connection::peek(ssize_t *recv, ssize_t *send)
         if (state_ == State::Accepting)
             progressLocked();
         shPeekLocked(recv, send);
-        tLook = Look{this, watchSeq_.load()};
+        tLook = WatchLook{this, watchSeq_.load()};
         return;
     }
     if (tHintPass && hintPass_.load(std::memory_order_relaxed) == tHintPass &&
@@ -345,7 +353,7 @@ void Connection::peek(ssize_t *recv, ssize_t *send)
     }
     *recv = peekRecvLocked();
     *send = peekSendLocked();
-    tLook = Look{this, watchSeq_.load()};
+    tLook = WatchLook{this, watchSeq_.load()};
 }
 
 bool Connection::quietLocked() const

@@ -36,13 +36,25 @@ private:
 
 // One poller entry's registration with one connection (Connection::addWatch). While parked, the
 // poller does not look at the entry until its armed wait fd turns readable or the connection
-// marks its key (which takes parked back to false, so that it marks once).
+// marks its key (which takes parked back to false, so that it marks once). A connection marks
+// its parked slots whenever something may have changed that the poller's last look did not see:
+// progress that changed readiness (as for addWaiter's eventfds), and any progress that disarmed
+// the wait fd (it no longer signals what comes next). Its watchSeq() moves at each of these,
+// marked slot or not: a poller parks an entry only when that did not move between the entry's
+// look (WatchLook) and the slot's parking.
 struct WatchSlot
 {
     WatchSlot(std::shared_ptr<ReadyMarks> m, uint64_t k) : marks(std::move(m)), key(k) {}
     const std::shared_ptr<ReadyMarks> marks;
     const uint64_t key;
     std::atomic<bool> parked{false};
+};
+
+// What a look at a connection saw: the connection and its watchSeq() then.
+struct WatchLook
+{
+    const void *conn;
+    uint64_t seq;
 };
 
 } // namespace rstream

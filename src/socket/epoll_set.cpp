@@ -206,7 +206,7 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
         Connection::clearLook();
         looks_.fetch_add(1, std::memory_order_relaxed);
         const int rev = s->pollEvents(static_cast<int>(toPoll(e->events)));
-        const Connection::Look look = Connection::lastLook();
+        const WatchLook look = Connection::lastLook();
         e->looked = e->connRaw && look.conn == e->connRaw;
         e->lookSeq = look.seq;
         bool report = rev != 0;
