@@ -274,6 +274,8 @@ public:
     // Progress calls made on this connection (each asks the provider for completions: on tcp a
     // system call): what the tests of readiness hints count.
     uint64_t progressCalls() const { return progressCalls_.load(std::memory_order_relaxed); }
+    // KEEPALIVE words the peer sent (its probes, and its checks that injected writes left).
+    uint64_t keepalivesReceived() const { return kaReceived_.load(std::memory_order_relaxed); }
     // Resident bytes of the send and receive rings in use (mincore), and how many times idle
     // rings gave their pages back (tests and statistics).
     size_t ringResidentBytes();
@@ -579,6 +581,7 @@ private:
     int64_t ringDueNs_ = 0;
     std::atomic<uint64_t> ringReleases_{0};
     std::atomic<uint64_t> progressCalls_{0};
+    std::atomic<uint64_t> kaReceived_{0};
     // The same-host link: set before the data path starts (the accepting end, before it
     // answers; the connecting end, when the answer arrives) and kept until destruction.
     std::unique_ptr<SameHostLink> sh_;

@@ -313,6 +313,7 @@ void Connection::handleWordLocked(uint32_t word, const uint8_t *record)
             break;
         case wire::Ctrl::Keepalive:
             kaAckOwed_ = true; // sent by progressLocked(), with credit permitting
+            kaReceived_.fetch_add(1, std::memory_order_relaxed);
             break;
         case wire::Ctrl::KeepaliveAck:
             break; // any word is an answer: ka_.noteWord()

@@ -627,6 +627,10 @@ TEST_P(EngineTest, PeerWithIncompatibleAddressingIsRefused)
 {
     if (GetParam().sameHost)
         GTEST_SKIP() << "the fabric's setup or words: the default mode covers it";
+    // Addressing is the registration mode's (strict or not), which the test crosses both ways in
+    // default and strict; iWarp changes only how data moves. 2 x 3 s a build are saved.
+    if (GetParam().iwarp)
+        GTEST_SKIP() << "the addressing does not depend on the iWarp mode";
     Settings server = settings();
     Settings client = settings();
     client.strict = !server.strict;
@@ -634,7 +638,7 @@ TEST_P(EngineTest, PeerWithIncompatibleAddressingIsRefused)
     auto l = listen(server);
     for (int i = 0; i < 3; i++) {
         std::unique_ptr<Connection> accepted;
-        std::thread t([&] { EXPECT_EQ(l->accept(&accepted, false, 1000), -ETIMEDOUT); });
+        std::thread t([&] { EXPECT_EQ(l->accept(&accepted, false, 500), -ETIMEDOUT); });
         Connection c(client);
         sockaddr_in a = loopback4(port_);
         int r = c.connect(reinterpret_cast<sockaddr *>(&a), sizeof(a));
@@ -1021,6 +1025,9 @@ TEST_P(EngineTest, UnreachablePeerTimesOutWithinConnectTimeout)
 {
     if (GetParam().sameHost)
         GTEST_SKIP() << "the fabric's setup or words: the default mode covers it";
+    // No byte moves: the iWarp modes would repeat the others' connects (2 x 2 s a build).
+    if (GetParam().iwarp)
+        GTEST_SKIP() << "a connect does not depend on the iWarp mode";
     for (bool syn : {true, false}) {
         for (bool nonblock : {false, true}) {
             SilentListener silent(syn);

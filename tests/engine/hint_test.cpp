@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: MIT
 // Readiness hints: a poller's look at a quiet connection makes no progress call, and nothing
 // that arrives is missed for it (Connection::hintFd, HintPass, hintQuiet). And what a blocking
-// wait costs between requests that come slower than its spin (AdaptiveSpin).
+// wait costs between requests that come slower than its spin (AdaptiveSpin), and what slow
+// answers to injected requests cost in the progress thread's KEEPALIVEs.
 
+#include <chrono>
 #include <poll.h>
+#include <thread>
 #include <time.h>
 
 #include "engine_fixture.h"
@@ -98,6 +101,28 @@ TEST_P(HintTest, WhatArrivesAfterArmingIsSeen)
         }
     }
     EXPECT_EQ(r, 0);
+}
+
+// Small requests (injected) whose answers take 5 ms, more than the progress thread leaves a
+// quiet connection alone for: neither end's thread checks with a KEEPALIVE that each request
+// left the provider (a message each way and a wake-up at both ends per request).
+TEST_P(HintTest, SlowAnswersToInjectedRequestsCostNoKeepalive)
+{
+    if (GetParam().sameHost)
+        GTEST_SKIP() << "no fabric writes";
+    auto [c, s] = pair();
+    ASSERT_TRUE(c && s);
+    char b[16] = {};
+    constexpr int kRequests = 30;
+    for (int i = 0; i < kRequests; i++) {
+        ASSERT_EQ(c->send(b, sizeof(b)), ssize_t(sizeof(b)));
+        ASSERT_EQ(s->recv(b, sizeof(b), kWaitAll, 5000), ssize_t(sizeof(b)));
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        ASSERT_EQ(s->send(b, sizeof(b)), ssize_t(sizeof(b)));
+        ASSERT_EQ(c->recv(b, sizeof(b), kWaitAll, 5000), ssize_t(sizeof(b)));
+    }
+    // A stall of this machine's may still let one through; one per request was the old cost.
+    EXPECT_LE(c->keepalivesReceived() + s->keepalivesReceived(), 3u);
 }
 
 int64_t threadCpuNs()
