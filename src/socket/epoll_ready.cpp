@@ -15,6 +15,10 @@ namespace rstream {
 using namespace detail;
 
 namespace {
+// The hint epoll's keys that are no entry's (an entry's serial, its key's high half, is >= 1).
+constexpr uint64_t kMarksKey = 0;
+constexpr uint64_t kKernelKey = 1;
+
 std::atomic<uint64_t> gForkGeneration{0};
 [[maybe_unused]] const int gForkHandler = pthread_atfork(
     nullptr, nullptr, [] { gForkGeneration.fetch_add(1, std::memory_order_relaxed); });
@@ -37,11 +41,16 @@ bool EpollSet::readyLocked()
         return false;
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.u64 = 0; // no entry's key (serials start at 1)
+    ev.data.u64 = kMarksKey; // no entry's key (serials start at 1)
     if (sys::epollCtl(ep, EPOLL_CTL_ADD, marks->fd(), &ev) < 0) {
         sys::close(ep);
         return false;
     }
+    // The kernel's epoll inside it too: one epoll_wait then tells a wait both what woke and
+    // whether the kernel's epoll has events (a ppoll less per wait). Where the kernel refuses
+    // (nesting too deep), a wait asks the kernel's epoll apart.
+    ev.data.u64 = kKernelKey;
+    kernelNested_ = sys::epollCtl(ep, EPOLL_CTL_ADD, epfd_, &ev) == 0;
     hintEp_ = ep;
     marks_ = std::move(marks);
     return true;
@@ -74,6 +83,7 @@ void EpollSet::forgetAfterForkLocked()
     if (hintEp_ >= 0)
         sys::close(hintEp_);
     hintEp_ = -1;
+    kernelNested_ = false;
 }
 
 void EpollSet::watchLocked(Entry &e, const std::shared_ptr<Connection> &c)
@@ -173,7 +183,7 @@ int EpollSet::parkLocked(Entry &e, bool arm)
     return 1;
 }
 
-void EpollSet::takeWakesLocked()
+void EpollSet::takeWakesLocked(bool *kernelReady)
 {
     epoll_event buf[64];
     for (;;) {
@@ -181,7 +191,11 @@ void EpollSet::takeWakesLocked()
         if (k <= 0)
             return;
         for (int i = 0; i < k; i++) {
-            if (buf[i].data.u64 == 0) {
+            if (buf[i].data.u64 == kKernelKey) {
+                *kernelReady = true;
+                continue;
+            }
+            if (buf[i].data.u64 == kMarksKey) {
                 marked_.clear();
                 marks_->take(&marked_);
                 for (uint64_t key : marked_)
@@ -240,6 +254,22 @@ void EpollSet::activeMembers(std::vector<std::shared_ptr<Pollable>> *socks)
         if (Entry *e = findLocked(key); e && e->active && !e->disabled)
             if (auto s = e->sock.lock())
                 socks->push_back(std::move(s));
+}
+
+bool EpollSet::unnestKernel()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!kernelNested_)
+        return false;
+    (void)sys::epollCtl(hintEp_, EPOLL_CTL_DEL, epfd_, nullptr);
+    kernelNested_ = false;
+    return true;
+}
+
+bool EpollSet::kernelNested()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    return kernelNested_;
 }
 
 size_t EpollSet::parkedCount()

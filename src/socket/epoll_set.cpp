@@ -75,7 +75,13 @@ int EpollSet::ctl(int op, int fd, const epoll_event *event, const std::shared_pt
         epoll_event copy{};
         if (event)
             copy = *event;
-        return sys::epollCtl(epfd_, op, sock ? sock->kernelFd() : fd, event ? &copy : nullptr);
+        const int kfd = sock ? sock->kernelFd() : fd;
+        int r = sys::epollCtl(epfd_, op, kfd, event ? &copy : nullptr);
+        // The program's epoll nested as deep as the kernel allows, counting the hint epoll's
+        // level above it: that level goes, as it was not the program's.
+        if (r == -ELOOP && op == EPOLL_CTL_ADD && unnestKernel())
+            r = sys::epollCtl(epfd_, op, kfd, &copy);
+        return r;
     }
     if (op != EPOLL_CTL_DEL && !event)
         return -EFAULT;
@@ -163,17 +169,24 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
     std::lock_guard<std::mutex> lock(mutex_);
     if (forkGen_ != forkGeneration())
         forgetAfterForkLocked();
-    // One ppoll tells whether the kernel's epoll has anything (then epoll_wait reads it) and
-    // whether parked entries woke.
-    // (The kernel's epoll may hold fds the program added before the set had engine sockets.)
+    // One system call tells whether the kernel's epoll has anything (then epoll_wait reads it)
+    // and which parked entries woke: an epoll_wait of the hint epoll, where the kernel's epoll
+    // is nested, or a ppoll of both. (The kernel's epoll may hold fds the program added before
+    // the set had engine sockets.)
     *kernelReady = true; // epoll_wait reads it (and reports an error)
-    pollfd wakes[2] = {{epfd_, POLLIN, 0}, {hintEp_, POLLIN, 0}};
-    const nfds_t nw = hintEp_ >= 0 ? 2 : 1;
-    const timespec zero{0, 0};
-    if (sys::ppoll(wakes, nw, &zero, nullptr) >= 0) {
-        *kernelReady = wakes[0].revents != 0;
-        if (nw == 2 && wakes[1].revents)
-            takeWakesLocked();
+    if (kernelNested_) {
+        *kernelReady = false;
+        takeWakesLocked(kernelReady);
+    } else {
+        pollfd wakes[2] = {{epfd_, POLLIN, 0}, {hintEp_, POLLIN, 0}};
+        const nfds_t nw = hintEp_ >= 0 ? 2 : 1;
+        const timespec zero{0, 0};
+        if (sys::ppoll(wakes, nw, &zero, nullptr) >= 0) {
+            *kernelReady = wakes[0].revents != 0;
+            bool ignored = false;
+            if (nw == 2 && wakes[1].revents)
+                takeWakesLocked(&ignored);
+        }
     }
     int n = 0;
     // The entries left unlooked (maxevents reached) come first next time, then those looked at:
@@ -404,6 +417,8 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         registered.clear();
         if (unregistered)
             continue;
+        // The kernel's epoll even where the hint epoll holds it: another thread's epoll_ctl may
+        // take it out of there (unnestKernel()) while this one sleeps.
         sleepFds.clear();
         sleepFds.push_back({epfd_, POLLIN, 0});
         sleepFds.push_back({wakeFd, POLLIN, 0});

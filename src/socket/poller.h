@@ -85,6 +85,8 @@ public:
     // Tests: members looked at by the waits so far, and members parked now.
     uint64_t looks() const { return looks_.load(std::memory_order_relaxed); }
     size_t parkedCount();
+    // Whether the kernel's epoll is nested in the hint epoll (false until a member is watched).
+    bool kernelNested();
 
 private:
     AdaptiveSpin spin_; // wait()'s spin before it sleeps, learnt from this set's waits
@@ -139,8 +141,11 @@ private:
     // something changed since its look (look again before sleeping). arm: arms the connection
     // if the look did not (before sleeping, or once it has been idle for a while).
     int parkLocked(Entry &e, bool arm);
-    // Takes the wake-ups of parked entries (their fds, their marks) and makes them active.
-    void takeWakesLocked();
+    // Takes the kernel's epoll out of the hint epoll: true if it was there.
+    bool unnestKernel();
+    // Takes the wake-ups of parked entries (their fds, their marks) and makes them active;
+    // *kernelReady: whether the kernel's epoll, nested in the hint epoll, has events.
+    void takeWakesLocked(bool *kernelReady);
     // Before sleeping: every active entry is parked, or listed in socks (with interest) to sleep
     // on as poll does. -EAGAIN: something changed, look again.
     int parkAllLocked(std::vector<std::shared_ptr<Pollable>> *socks, std::vector<short> *interest);
@@ -154,9 +159,10 @@ private:
     uint32_t nextSerial_ = 1;
     std::vector<uint64_t> active_; // keys of the active entries, in the order they are looked at
     std::vector<uint64_t> keep_;   // collect()'s scratch for the next active_
-    // Parking: the hint epoll (its key 0 is the marks' eventfd), the marks, and which entry's
-    // key each registered hint fd carries.
+    // Parking: the hint epoll (its key 0 is the marks' eventfd, key 1 the kernel's epoll where
+    // it could be nested), the marks, and which entry's key each registered hint fd carries.
     int hintEp_ = -1;
+    bool kernelNested_ = false;
     std::shared_ptr<ReadyMarks> marks_;
     std::unordered_map<int, uint64_t> hintOwner_;
     std::vector<uint64_t> marked_; // scratch

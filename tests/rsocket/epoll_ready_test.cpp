@@ -4,10 +4,12 @@
 // member, progress another thread made on it, a member closed and its number reused.
 
 #include <chrono>
+#include <fcntl.h>
 #include <memory>
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -183,6 +185,120 @@ TEST_P(EpollReady, ClosedMemberLeavesAndItsNumberIsReused)
     for (int i = 0; i < n; i++)
         seen |= out[i].data.u64 == 77;
     EXPECT_TRUE(seen);
+}
+
+// Kernel fds in the program's epoll (a pipe here) beside parked members: a wait reports them at
+// once and a sleeping wait wakes for them, whether the set could nest the kernel's epoll in its
+// hint epoll or (with the program's epoll nested too deep for that) asks it apart.
+TEST_P(EpollReady, KernelFdsBesideParkedMembersAreReported)
+{
+    for (bool deep : {false, true}) {
+        SCOPED_TRACE(deep ? "kernel epoll too deep to nest" : "kernel epoll nested");
+        TearDown();
+        pairs_.clear();
+        SetUp();
+        std::vector<int> chain;
+        if (deep) {
+            // epfd_ -> e1 -> e2 -> e3 -> e4: as deep as the kernel allows (EPOLL_MAX_NESTS).
+            int top = epfd_;
+            for (int i = 0; i < 4; i++) {
+                const int e = sys::epollCreate1(EPOLL_CLOEXEC);
+                ASSERT_GE(e, 0);
+                epoll_event ev{};
+                ev.events = EPOLLIN;
+                ev.data.u64 = 1000;
+                ASSERT_EQ(sys::epollCtl(top, EPOLL_CTL_ADD, e, &ev), 0) << "level " << i;
+                chain.push_back(e);
+                top = e;
+            }
+        }
+        int p[2];
+        ASSERT_EQ(pipe2(p, O_CLOEXEC | O_NONBLOCK), 0);
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.u64 = 99;
+        ASSERT_EQ(sys::epollCtl(epfd_, EPOLL_CTL_ADD, p[0], &ev), 0);
+        connectPairs(3);
+        ASSERT_TRUE(parked(3));
+        EXPECT_EQ(set_->kernelNested(), !deep);
+        epoll_event out[8];
+        ASSERT_EQ(write(p[1], "k", 1), 1);
+        int n = set_->wait(out, 8, 0, nullptr, 0);
+        ASSERT_EQ(n, 1);
+        EXPECT_EQ(out[0].data.u64, 99u);
+        char b;
+        ASSERT_EQ(read(p[0], &b, 1), 1);
+        ASSERT_TRUE(parked(3));
+        // A wait asleep with every member parked wakes for the pipe.
+        std::thread writer([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            EXPECT_EQ(write(p[1], "k", 1), 1);
+        });
+        const auto t0 = std::chrono::steady_clock::now();
+        n = set_->wait(out, 8, 5000, nullptr, 0);
+        writer.join();
+        EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+        ASSERT_EQ(n, 1);
+        EXPECT_EQ(out[0].data.u64, 99u);
+        // And the members still report their own events beside it.
+        sendByte(*pairs_[1].first);
+        n = set_->wait(out, 8, 5000, nullptr, 0);
+        ASSERT_GE(n, 1);
+        bool member = false, pipe = false;
+        for (int i = 0; i < n; i++) {
+            member |= out[i].data.u64 == 1;
+            pipe |= out[i].data.u64 == 99;
+        }
+        EXPECT_TRUE(member);
+        EXPECT_TRUE(pipe) << "the unread pipe stays readable (level-triggered)";
+        close(p[0]);
+        close(p[1]);
+        for (int e : chain)
+            sys::close(e);
+    }
+}
+
+// A program's epoll nested as deep as the kernel allows after the set nested the kernel's epoll
+// in its hint epoll: the program's epoll_ctl succeeds as without the shim (the hint epoll's
+// level goes), and the chain's events are still reported.
+TEST_P(EpollReady, ProgramNestingAsDeepAsTheKernelAllowsStillWorks)
+{
+    connectPairs(2);
+    ASSERT_TRUE(parked(2));
+    ASSERT_TRUE(set_->kernelNested());
+    // e1 -> e2 -> e3 -> e4 -> pipe, then epfd_ -> e1: four levels below the program's epoll.
+    int p[2];
+    ASSERT_EQ(pipe2(p, O_CLOEXEC | O_NONBLOCK), 0);
+    std::vector<int> chain;
+    int below = p[0];
+    for (int i = 0; i < 4; i++) {
+        const int e = sys::epollCreate1(EPOLL_CLOEXEC);
+        ASSERT_GE(e, 0);
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ASSERT_EQ(sys::epollCtl(e, EPOLL_CTL_ADD, below, &ev), 0) << "level " << i;
+        chain.push_back(e);
+        below = e;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = 55;
+    EXPECT_EQ(set_->ctl(EPOLL_CTL_ADD, below, &ev, nullptr), 0);
+    EXPECT_FALSE(set_->kernelNested());
+    ASSERT_TRUE(parked(2));
+    std::thread writer([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        EXPECT_EQ(write(p[1], "k", 1), 1);
+    });
+    epoll_event out[4];
+    const int n = set_->wait(out, 4, 5000, nullptr, 0);
+    writer.join();
+    ASSERT_EQ(n, 1);
+    EXPECT_EQ(out[0].data.u64, 55u);
+    close(p[0]);
+    close(p[1]);
+    for (int e : chain)
+        sys::close(e);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, EpollReady, ::testing::ValuesIn(kModes),
