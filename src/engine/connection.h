@@ -277,8 +277,10 @@ public:
     // KEEPALIVE words the peer sent (its probes, and its checks that injected writes left).
     uint64_t keepalivesReceived() const { return kaReceived_.load(std::memory_order_relaxed); }
     // Resident bytes of the send and receive rings in use (mincore), and how many times idle
-    // rings gave their pages back (tests and statistics).
+    // rings gave their pages back (tests and statistics); rstream's own memory for the
+    // connection (its mapping's resident pages, its tables, the object: not the provider's).
     size_t ringResidentBytes();
+    size_t ownMemoryBytes();
     uint64_t ringReleases() const { return ringReleases_.load(std::memory_order_relaxed); }
     // The spins blocking waits chose before sleeping, summed (AdaptiveSpin; tests).
     uint64_t spinChosenNs() const { return spinChosenNs_.load(std::memory_order_relaxed); }

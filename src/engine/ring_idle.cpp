@@ -109,6 +109,15 @@ size_t Connection::ringResidentLocked()
     return resident(sendBase_, tx_.size) + resident(recvBase_, rx_.size);
 }
 
+size_t Connection::ownMemoryBytes()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    size_t n = sizeof(*this) + windows_.memoryBytes();
+    if (shOn_.load(std::memory_order_relaxed))
+        return n + sh_->residentBytes();
+    return n + resident(mem_, memSize_) + txOps_.cap() * sizeof(TxOp) + rxCount_ * sizeof(RxSlot);
+}
+
 size_t Connection::ringResidentBytes()
 {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -77,6 +77,13 @@ public:
     // The peer's window that holds [offset, offset + len), or null.
     const PeerWindow *findPeer(uint64_t offset, uint64_t len) const;
 
+    // The heap the tables hold.
+    size_t memoryBytes() const
+    {
+        return local_.capacity() * sizeof(LocalWindow) + idUsed_.capacity() / 8 +
+               records_.size() * sizeof(PendingRecord) + peer_.capacity() * sizeof(PeerWindow);
+    }
+
 private:
     std::vector<LocalWindow> local_;
     std::vector<bool> idUsed_; // ids below the peer's ioMapSize

@@ -204,6 +204,12 @@ TEST_F(Scale, ManyConnectionsInOneProcess)
     const double cpu0 = cpuSeconds();
     usleep(1000 * 1000);
     const double idleCpuMs = (cpuSeconds() - cpu0) * 1000;
+    // rstream's own memory per idle endpoint (rings backed now, tables, objects), beside the
+    // RSS that the provider's allocations dominate.
+    size_t own = 0;
+    for (int i = 0; i < n; i++)
+        own += clients[i]->ownMemoryBytes() + servers[i]->ownMemoryBytes();
+    const double ownKib = double(own) / 1024 / (2.0 * n);
 
     t0 = Clock::now();
     clients.clear();
@@ -214,16 +220,64 @@ TEST_F(Scale, ManyConnectionsInOneProcess)
     printf("scale: connect %.2f s (%.0f/s), exchange %.2f s, close %.2f s\n", connectSec,
            (n - 1) / connectSec, exchangeSec, closeSec);
     printf("scale: %.2f fds per endpoint, %.1f KiB RSS per connection (both ends), %ld MiB "
-           "total; idle CPU %.1f ms/s\n",
-           fdsPerEndpoint, kibPerConnection, rss1 / 1024, idleCpuMs);
+           "total; rstream's own memory %.1f KiB per idle endpoint; idle CPU %.1f ms/s\n",
+           fdsPerEndpoint, kibPerConnection, rss1 / 1024, ownKib, idleCpuMs);
     RecordProperty("connections", n);
     RecordProperty("fds_per_endpoint_x100", static_cast<int>(fdsPerEndpoint * 100));
     RecordProperty("kib_per_connection", static_cast<int>(kibPerConnection));
     RecordProperty("connect_ms", static_cast<int>(connectSec * 1000));
     RecordProperty("idle_cpu_ms_per_s", static_cast<int>(idleCpuMs));
+    RecordProperty("own_kib_per_endpoint", static_cast<int>(ownKib));
     // Measured on tcp: 4 fds per endpoint (socket, wait set epoll fd and its signal pair).
     EXPECT_LE(fdsPerEndpoint, 4.05);
     EXPECT_LT(idleCpuMs, 50.0);
+    // An idle connection's own memory: 64 KiB at most (its rings are 32 KiB each way, mostly
+    // given back or never touched while idle).
+    EXPECT_LE(ownKib, 64.0);
+}
+
+// rstream's own memory for an idle fabric connection at the default settings (32 KiB rings each
+// way, reserved to grow to 4 MiB): 64 KiB at most per endpoint. Most of the RSS an endpoint
+// adds is the provider's (README, "What an idle fabric connection holds").
+TEST(IdleConnection, OwnMemoryAtTheDefaultSettings)
+{
+    Settings s = Settings::fromEnv();
+    s.provider = "tcp";
+    s.sameHost = false;
+    Listener l(s);
+    sockaddr_in a = loopback4(0);
+    ASSERT_EQ(l.bind(reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
+    ASSERT_EQ(l.listen(64), 0);
+    sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    ASSERT_EQ(l.localAddress(&ss, &len), 0);
+    a = loopback4(ntohs(reinterpret_cast<sockaddr_in *>(&ss)->sin_port));
+    constexpr int kPairs = 40;
+    std::vector<std::unique_ptr<Connection>> clients, servers;
+    for (int i = 0; i < kPairs; i++) {
+        std::unique_ptr<Connection> srv;
+        std::thread t([&] { ASSERT_EQ(l.accept(&srv, false, 10000), 0); });
+        auto c = std::make_unique<Connection>(s);
+        ASSERT_EQ(c->connect(reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
+        t.join();
+        ASSERT_TRUE(srv);
+        // A request and its answer, as an idle server's connections have seen.
+        char b[100] = {};
+        ASSERT_EQ(c->send(b, sizeof(b)), ssize_t(sizeof(b)));
+        ASSERT_EQ(srv->recv(b, sizeof(b), kWaitAll, 10000), ssize_t(sizeof(b)));
+        ASSERT_EQ(srv->send(b, sizeof(b)), ssize_t(sizeof(b)));
+        ASSERT_EQ(c->recv(b, sizeof(b), kWaitAll, 10000), ssize_t(sizeof(b)));
+        clients.push_back(std::move(c));
+        servers.push_back(std::move(srv));
+    }
+    usleep(300 * 1000); // credit returns settle
+    size_t own = 0;
+    for (int i = 0; i < kPairs; i++)
+        own += clients[i]->ownMemoryBytes() + servers[i]->ownMemoryBytes();
+    const double kib = double(own) / 1024 / (2 * kPairs);
+    printf("idle fabric endpoint at the default settings: rstream's own memory %.1f KiB\n", kib);
+    RecordProperty("own_kib_per_endpoint", static_cast<int>(kib));
+    EXPECT_LE(kib, 64.0);
 }
 
 // One pair in this process first: the domain, the progress thread and their allocations stay,
