@@ -293,10 +293,10 @@ public:
 
     // For the progress thread: makes progress if nobody else is. Returns kProgressDone when no
     // work remains that needs progress without the application, kProgressMore while some does
-    // (unsent or in-flight data, owed messages, a pending close), kProgressBusy when the
-    // application holds the connection or drives its progress itself (look again later, on the
-    // timer only). closedDone: a closing connection may be destroyed.
-    int backgroundProgress(bool *closedDone) override;
+    // (unsent or in-flight data, owed messages, a pending close), kProgressBusy/kProgressLater
+    // when the application holds the connection or drives its progress itself (look again in a
+    // millisecond / at *recheckNs). closedDone: a closing connection may be destroyed.
+    int backgroundProgress(bool *closedDone, int64_t *recheckNs) override;
     // For the progress thread at exit: a closing connection has handed everything over.
     bool closeDelivered() const override { return delivered_.load(std::memory_order_acquire); }
     // For the progress thread's timer: connection deadlines and keepalive. Returns the next

@@ -293,6 +293,8 @@ void ProgressThread::drain(int timeoutMs)
 
 void ProgressThread::run()
 {
+    // Named for top -H, gdb and the tests (at most 15 characters).
+    pthread_setname_np(pthread_self(), "rstream-prog");
     std::vector<pollfd> fds;
     std::vector<std::unique_ptr<ProgressClient>> finished;
     for (;;) {
@@ -325,7 +327,8 @@ void ProgressThread::run()
             for (size_t i = 0; i < watched_.size();) {
                 ProgressClient *c = watched_[i];
                 bool closedDone = false;
-                int more = c->backgroundProgress(&closedDone);
+                int64_t recheckNs = INT64_MAX;
+                int more = c->backgroundProgress(&closedDone, &recheckNs);
                 if (closedDone) {
                     for (auto &a : adopted_) {
                         if (a.get() == c) {
@@ -345,7 +348,9 @@ void ProgressThread::run()
                 // waits for its peer wakes the thread through its wait fd alone.
                 if (more == ProgressClient::kProgressMore || more == ProgressClient::kProgressIdle)
                     fds.push_back({c->waitFd(), POLLIN, 0});
-                if (more != ProgressClient::kProgressIdle)
+                if (more == ProgressClient::kProgressLater)
+                    wakeAt = std::min(wakeAt, recheckNs);
+                else if (more != ProgressClient::kProgressIdle)
                     busy = true;
                 i++;
             }

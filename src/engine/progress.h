@@ -40,14 +40,18 @@ public:
         kProgressBusy = 2,
         // Work remains that only the peer can move (data waiting for its credit, nothing in
         // flight): the thread sleeps on the client's wait fd, armed, instead of polling it.
-        kProgressIdle = 3
+        kProgressIdle = 3,
+        // The application drives the client's progress now: the thread neither polls it nor
+        // looks every millisecond, but asks again at *recheckNs.
+        kProgressLater = 4
     };
     virtual ~ProgressClient() = default;
     // Makes progress if nobody else is: kProgressDone when no work remains that needs the
     // thread, kProgressMore while some does, kProgressIdle while it waits for the peer,
-    // kProgressBusy when the application holds the client or drives its progress itself.
+    // kProgressBusy when the application holds the client (look again within a millisecond),
+    // kProgressLater when it drives the client's progress itself until *recheckNs.
     // closedDone: a closing client may be destroyed.
-    virtual int backgroundProgress(bool *closedDone) = 0;
+    virtual int backgroundProgress(bool *closedDone, int64_t *recheckNs) = 0;
     // Deadlines: the next one (0: none). *watch: the client now has background work.
     virtual int64_t timerTick(int64_t nowNs, bool *watch) = 0;
     // Its fd in the passive set is readable. false: it leaves the passive set.

@@ -453,7 +453,7 @@ void Connection::watch()
     }
 }
 
-int Connection::backgroundProgress(bool *closedDone)
+int Connection::backgroundProgress(bool *closedDone, int64_t *recheckNs)
 {
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock())
@@ -464,9 +464,14 @@ int Connection::backgroundProgress(bool *closedDone)
         return kProgressDone;
     }
     const int64_t idleNs = onlyInjectsPendingLocked() ? kInjectIdleNs : kAppIdleNs;
-    const bool appRecent = nowNs() - appProgressNs_.load(std::memory_order_relaxed) < idleNs;
-    if (appRecent && !closing_)
-        return kProgressBusy;
+    const int64_t quietAtNs = appProgressNs_.load(std::memory_order_relaxed) + idleNs;
+    if (nowNs() < quietAtNs && !closing_) {
+        // Nothing to do before the application can have gone quiet. Looking every millisecond
+        // until then only finds it still recent: a server answering a request a millisecond
+        // paid a wake-up of this thread per request for nothing.
+        *recheckNs = quietAtNs;
+        return kProgressLater;
+    }
     progressLocked(false);
     flushLocked(true);
     if (txOps_.injectPending() && txOps_.empty() && state_ == State::Connected && !error_ &&
