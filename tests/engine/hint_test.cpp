@@ -234,9 +234,9 @@ TEST_P(HintTest, PacedRequestsLeaveTheProgressThreadAsleep)
     const auto t0 = std::chrono::steady_clock::now();
     ASSERT_GE(serverCpuNs(c.get(), s.get(), n), 0);
     const long after = progressThreadSwitches();
-    const long ms = long(std::chrono::duration_cast<std::chrono::milliseconds>(
-                             std::chrono::steady_clock::now() - t0)
-                             .count());
+    const long ms = long(
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count());
     if (GetParam().sameHost) {
         // Nothing of a same-host connection needs the thread (it may not even run).
         EXPECT_LE(after - before, 5) << "the progress thread woke for a same-host connection";
