@@ -4,7 +4,7 @@
 # scripts/bench-lib.sh; the settings (secs_*, sizes, counts, perf, py) come from scripts/bench.
 # shellcheck shell=bash
 
-all_workloads=(iperf3 bw lat redis memcached nginx connect idle)
+all_workloads=(iperf3 bw lat paced redis memcached nginx connect idle)
 
 # cases WORKLOAD: one line per case: its name, its x (the number charts plot it against) and
 # the paths it runs over. shim and same are the unmodified programs with both ends under the
@@ -20,6 +20,7 @@ cases() {
 		;;
 	bw) for s in "${bw_sizes[@]}"; do echo "$s $s kernel shim same engine raw"; done ;;
 	lat) for s in "${lat_sizes[@]}"; do echo "$s $s kernel shim same engine raw"; done ;;
+	paced) echo "64B-${paced_rate}ps $paced_rate kernel shim same" ;;
 	redis)
 		echo "GET 50 kernel shim same"
 		echo "SET 50 kernel shim same"
@@ -99,6 +100,27 @@ sockperf_run() {
 		trips=$(sed -n 's/.*\[Total Run\].*ReceivedMessages=\([0-9]*\).*/\1/p' <<<"$out")
 	fi
 	done_run lat "$1" "$2" "$3" 1 "${p50:-n/a}" p50_us="${p50:-n/a}" p99_us="${p99:-n/a}" \
+		requests="${trips:-n/a}"
+}
+
+# paced_run CASE RATE MODE: sockperf ping-pong of 64 B paced at RATE round trips a second
+# (--mps), what a mostly idle server pays for a request: its figure is the server's CPU per
+# 1,000 requests. sockperf's client spins between messages to keep its pace on every path, so
+# its CPU says nothing here.
+paced_run() {
+	local out p50=n/a trips=n/a ms=n/a
+	take_port || return 1
+	begin "$3" sockperf INT sockperf sr --tcp -i 127.0.0.1 -p "$p" ||
+		{ failed_start paced "$1" "$2" "$3"; return 0; }
+	if client "$3" $((secs_paced + 30)) sockperf pp --tcp -i 127.0.0.1 -p "$p" -m 64 \
+		--mps "$2" -t "$secs_paced"; then
+		out=$(cat "$work/out" "$work/err")
+		p50=$(awk '/percentile 50.000/ { print $NF }' <<<"$out")
+		trips=$(sed -n 's/.*\[Total Run\].*ReceivedMessages=\([0-9]*\).*/\1/p' <<<"$out")
+	fi
+	ms=$(awk -v s="$srv_s" -v n="${trips:-0}" 'BEGIN {
+		if (s == "n/a" || n !~ /^[0-9]+$/ || n == 0) print "n/a"; else printf "%.4f", s * 1e6 / n }')
+	done_run paced "$1" "$2" "$3" 1 "$ms" server_ms_per_1k="$ms" p50_us="${p50:-n/a}" \
 		requests="${trips:-n/a}"
 }
 
