@@ -2,13 +2,16 @@
 // Load-time setup, fork/vfork/daemon and the statistics file written at exit.
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "configvars.h"
 #include "crash.h"
+#include "progress.h"
 #include "shim_object.h"
 #include "upgrade.h"
 
@@ -82,6 +85,13 @@ std::string statsPath()
 
 void writeStats()
 {
+    // Once per process: before the progress thread's exit drain, and again as an exit handler
+    // of its own (which runs after it, or alone when the thread never started). A fork child
+    // has a pid of its own and writes its own file.
+    static std::atomic<pid_t> writtenBy{0};
+    const pid_t self = getpid();
+    if (writtenBy.exchange(self) == self)
+        return;
     try {
         EngineCall ec;
         // Kernel connections established since their connect returned count now.
@@ -133,6 +143,7 @@ __attribute__((constructor)) void shimInit()
         strcpy(gStatsPath, stats);
         // Inherited by fork and daemon() children, which write their own file (%p).
         atexit(writeStats);
+        ProgressThread::setBeforeExitDrain(writeStats);
     }
     pthread_atfork(nullptr, inParent, inChild);
     try {

@@ -5,6 +5,7 @@
 #include "clock.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -81,6 +82,15 @@ void ProgressThread::afterFork()
     listenersMutex_.unlock();
 }
 
+namespace {
+std::atomic<void (*)()> gBeforeExitDrain{nullptr};
+} // namespace
+
+void ProgressThread::setBeforeExitDrain(void (*fn)())
+{
+    gBeforeExitDrain.store(fn, std::memory_order_release);
+}
+
 void ProgressThread::start()
 {
     if (started_.load(std::memory_order_relaxed))
@@ -102,7 +112,11 @@ void ProgressThread::start()
         RS_LOG(Error, "progress thread: cannot start");
     }
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    std::atexit([] { ProgressThread::instance().drain(2000); });
+    std::atexit([] {
+        if (auto *fn = gBeforeExitDrain.load(std::memory_order_acquire))
+            fn();
+        ProgressThread::instance().drain(2000);
+    });
 }
 
 void ProgressThread::watch(ProgressClient *conn)

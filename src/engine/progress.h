@@ -89,6 +89,11 @@ public:
     void unwatchListener(AcceptClient *listener);
     // Waits up to timeoutMs for adopted connections to finish (used at exit).
     void drain(int timeoutMs);
+    // Runs at exit just before that wait, once the thread has started: what must not wait
+    // behind it (the shim's statistics). The wait can last seconds, and a program that has
+    // given its signals their default actions back by then (Python does at exit) dies of the
+    // next SIGTERM in it.
+    static void setBeforeExitDrain(void (*fn)());
 
     // A connected connection: its wait fd joins the passive set. Takes no lock, so it may be
     // called with the connection's lock held from any thread, the progress thread included.
