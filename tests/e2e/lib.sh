@@ -130,7 +130,18 @@ finish() {
 # stop_pid PID [SIGNAL]: SIGNAL (default TERM; then KILL after 10 s) and wait; returns the exit
 # status.
 stop_pid() {
-	kill -s "${2:-TERM}" "$1" 2>/dev/null || true
+	local p
+	# Once to each process of the program: timeout(1) forwards a signal to its child and again
+	# to its process group, and a program that has given the signal its default action back by
+	# the second (Python does as it exits) dies of it before writing its statistics. timeout
+	# made that group for itself; each of its members but timeout gets the signal here.
+	if [ "$(ps -o comm= -p "$1" 2>/dev/null)" = timeout ]; then
+		for p in $(pgrep -g "$1" 2>/dev/null || true); do
+			[ "$p" = "$1" ] || kill -s "${2:-TERM}" "$p" 2>/dev/null || true
+		done
+	else
+		kill -s "${2:-TERM}" "$1" 2>/dev/null || true
+	fi
 	for _ in $(seq 100); do
 		kill -0 "$1" 2>/dev/null || break
 		sleep 0.1
