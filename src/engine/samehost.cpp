@@ -270,9 +270,15 @@ size_t SameHostLink::read(const iovec *iov, int iovcnt, size_t skip, size_t len,
     rxHead_.store(head + n, std::memory_order_release);
     rx_->head.v.store(head + n, std::memory_order_release);
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (rx_->writerWaiting.v.load(std::memory_order_relaxed) &&
-        rx_->writerWaiting.v.exchange(0, std::memory_order_acq_rel))
-        wakePeer();
+    if (const uint64_t want = rx_->writerWaiting.v.load(std::memory_order_relaxed)) {
+        // The peer's word: any value only decides when it is woken, and an empty ring (room
+        // for all of it) always does. The tail read here is at least what was read above.
+        const uint64_t now = rx_->tail.v.load(std::memory_order_acquire);
+        const uint64_t room = rxSize_ - std::min(rxSize_, now - std::min(now, head + n));
+        if (room >= std::min(want, rxSize_) &&
+            rx_->writerWaiting.v.exchange(0, std::memory_order_acq_rel))
+            wakePeer();
+    }
     return n;
 }
 
@@ -387,7 +393,7 @@ bool SameHostLink::drain()
     return any;
 }
 
-int SameHostLink::arm(bool read, bool write, bool *drained, bool quiet)
+int SameHostLink::arm(bool read, uint64_t room, bool *drained, bool quiet)
 {
     *drained = false;
     if (sock_ < 0)
@@ -396,8 +402,8 @@ int SameHostLink::arm(bool read, bool write, bool *drained, bool quiet)
         *drained = drain();
     if (read)
         rx_->readerWaiting.v.store(1, std::memory_order_seq_cst);
-    if (write)
-        tx_->writerWaiting.v.store(1, std::memory_order_seq_cst);
+    if (room)
+        tx_->writerWaiting.v.store(std::min(room, txSize_), std::memory_order_seq_cst);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     const uint64_t f = rx_->flags.v.load(std::memory_order_acquire);
     if (rx_->tail.v.load(std::memory_order_acquire) != seenTail_ ||

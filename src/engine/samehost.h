@@ -12,6 +12,8 @@
 // one copy out, no system call while both ends are busy. A side about to sleep sets its waiting
 // word (readerWaiting, writerWaiting) and looks again; the other side, after publishing, clears
 // it and sends one byte on the socket, so a wake-up costs a system call only when someone sleeps.
+// A writer asks for the room it waits for (a third of the ring, as the kernel wakes a writer),
+// so that a reader taking small pieces of a full ring does not wake it for each.
 //
 // The peer is untrusted: every index and flag it writes is read once, checked against what this
 // end knows (tail never behind what was seen nor more than a ring ahead of head, head never past
@@ -55,7 +57,9 @@ struct DirCtl
     Word flags;         // producer: kShutWr, kReset
     Word head;          // consumer: bytes consumed, ever
     Word readerWaiting; // consumer sets 1 before sleeping; the producer clears it and wakes it
-    Word writerWaiting; // producer sets 1 before sleeping; the consumer clears it and wakes it
+    // producer sets the bytes of room it waits for (>= 1) before sleeping; the consumer clears
+    // it and wakes it once that much is free (or the ring is empty, whatever the value)
+    Word writerWaiting;
 };
 
 // Direction 0 carries the accepting end's bytes, direction 1 the connecting end's.
@@ -113,11 +117,15 @@ public:
     bool observe(uint64_t *rxChanges, uint64_t *txChanges);
 
     // Before sleeping on fd(): reads the wake-up bytes (and notices a peer that went), sets the
-    // waiting words for what is wanted, and returns -EAGAIN when something changed since the
-    // last observe() (look again instead of sleeping). *drained: wake-up bytes were read, which
-    // other sleepers on the same fd may have been woken for. quiet: the caller just found fd()
-    // not readable (no bytes to read, no end to notice), so the read is skipped.
-    int arm(bool read, bool write, bool *drained, bool quiet = false);
+    // waiting words for what is wanted (room: the bytes of room to be woken for, 0 for none),
+    // and returns -EAGAIN when something changed since the last observe() (look again instead
+    // of sleeping). *drained: wake-up bytes were read, which other sleepers on the same fd may
+    // have been woken for. quiet: the caller just found fd() not readable (no bytes to read, no
+    // end to notice), so the read is skipped.
+    int arm(bool read, uint64_t room, bool *drained, bool quiet = false);
+    // The room a writer waits for: a third of the ring, when poll reports POLLOUT (as Linux's
+    // sk_stream_is_writeable), and when a blocking send goes on.
+    uint64_t writableRoom() const { return (txSize_ + 2) / 3; }
     // Reads the wake-up bytes now and then even without sleeping, so that a peer that went is
     // noticed by a program that only polls without blocking (bounded: once a millisecond).
     // true: bytes were read, which sleepers on fd() may have been woken for (as arm()).

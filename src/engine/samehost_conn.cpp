@@ -110,7 +110,9 @@ int Connection::shReadyLocked(int events)
     int ready = 0;
     if ((events & kReadable) && r != -EAGAIN)
         ready |= kReadable;
-    if ((events & kWritable) && s != 0)
+    // Writable as poll reports it (a third of the ring free): a blocking send that filled the
+    // ring goes on when the kernel's would, not for each small read of the peer's.
+    if ((events & kWritable) && (s < 0 || uint64_t(s) >= sh_->writableRoom()))
         ready |= kWritable;
     if ((events & kSendDrained) && (sh_->unreadByPeer() == 0 || s < 0))
         ready |= kSendDrained;
@@ -127,11 +129,12 @@ int Connection::shArmLocked()
     bool drained = false;
     const ssize_t space = sh_->sendState();
     // Woken for room only while poll would not report POLLOUT (a third of the ring free).
-    const bool write = space >= 0 && uint64_t(space) * 3 < sh_->sendRing();
+    const uint64_t room = sh_->writableRoom();
+    const uint64_t want = space >= 0 && uint64_t(space) < room ? room : 0;
     // A poller that found the link's fd not readable (hintQuiet()) saves the read: a byte that
     // came since makes its sleep end at once, and its next look finds the fd readable.
     const bool quiet = shQuiet_.exchange(false, std::memory_order_relaxed);
-    const int r = sh_->arm(true, write, &drained, quiet);
+    const int r = sh_->arm(true, want, &drained, quiet);
     if (shArmed_.exchange(r == 0, std::memory_order_relaxed) && r != 0)
         notifyWatchesLocked();
     if (drained) {
@@ -168,8 +171,11 @@ int Connection::shWaitFor(int events, int64_t deadlineNs)
             r = armLocked();
         } else {
             bool drained = false;
-            r = sh_->arm(events & (kReadable | kSendDrained), events & (kWritable | kSendDrained),
-                         &drained);
+            // Drained: all of the ring is room again.
+            const uint64_t room = (events & kSendDrained) ? sh_->sendRing()
+                                  : (events & kWritable)  ? sh_->writableRoom()
+                                                          : 0;
+            r = sh_->arm(events & (kReadable | kSendDrained), room, &drained);
             if (drained) {
                 changed_ = true;
                 wakeSleepersLocked();

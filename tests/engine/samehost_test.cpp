@@ -504,6 +504,58 @@ TEST_F(SameHost, ConcurrentLooksNeverMistakeProgressForCorruption)
     EXPECT_TRUE(intact);
 }
 
+// A writer that filled the ring sleeps until a third of it is free, as the kernel wakes a
+// writer: a reader taking small pieces does not wake it for each (a system call on the reader's
+// side, a wake-up on the writer's). A peer's absurd request only delays its own wake-up until
+// the ring is empty.
+TEST_F(SameHost, BlockedWriterWakesForAThirdOfTheRing)
+{
+    for (const uint64_t asked : {uint64_t(0), ~uint64_t(0)}) {
+        SCOPED_TRACE(asked ? "the peer asks for more than the ring" : "an honest peer");
+        auto [c, s] = pair();
+        ASSERT_TRUE(c && s);
+        SameHostLink *reader = s->testSameHostLink();
+        const uint64_t ring = reader->recvRing();
+        std::vector<uint8_t> out(ring + 4096), in(out.size());
+        for (size_t i = 0; i < out.size(); i++)
+            out[i] = uint8_t(i * 7 + 1);
+        std::atomic<ssize_t> sent{0};
+        std::thread writer([&] { sent = c->send(out.data(), out.size(), 0, 20000); });
+        // The writer fills the ring and goes to sleep, asking for a third of it.
+        std::atomic<uint64_t> &waiting = reader->testRecvDir()->writerWaiting.v;
+        for (int i = 0; i < 5000 && !waiting.load(); i++)
+            usleep(1000);
+        ASSERT_EQ(waiting.load(), (ring + 2) / 3);
+        if (asked)
+            waiting.store(asked);
+        size_t got = 0;
+        auto take = [&](size_t n) {
+            const ssize_t r = s->recv(in.data() + got, n, kWaitAll, 5000);
+            ASSERT_EQ(r, ssize_t(n));
+            got += n;
+        };
+        // 64 B at a time up to just short of a third: the writer is not woken, and what was
+        // read is not written again yet.
+        while (got + 64 < (ring + 2) / 3)
+            take(64);
+        usleep(20000);
+        EXPECT_EQ(reader->readable(), ring - got);
+        EXPECT_EQ(waiting.load(), asked ? asked : (ring + 2) / 3);
+        EXPECT_EQ(sent.load(), 0);
+        if (!asked) {
+            take(64); // a third free: woken now, and it writes into it
+            for (int i = 0; i < 5000 && reader->readable() <= ring - got; i++)
+                usleep(1000);
+            EXPECT_GT(reader->readable(), ring - got);
+        }
+        while (got < in.size())
+            take(std::min<size_t>(4096, in.size() - got));
+        writer.join();
+        EXPECT_EQ(sent.load(), ssize_t(out.size()));
+        EXPECT_EQ(in, out);
+    }
+}
+
 } // namespace
 } // namespace rstream
 
