@@ -152,6 +152,9 @@ public:
     void addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered) override;
     uint64_t generation(int events) override;
     std::shared_ptr<Connection> hintConnection() override;
+    // A listener's: its kernel fd, then its engine socket's (Socket::lookFds).
+    int lookFds(std::vector<pollfd> *fds) override;
+    void lookResults(const pollfd *fds) override;
     int kernelFd() override;
 
     std::string debugState();
@@ -292,6 +295,10 @@ private:
     std::atomic<Mode> mode_{Mode::Undecided};
     std::atomic<bool> nonblock_{false};
     std::atomic<uint64_t> kernelGen_{0};
+    // A listener's look in a hint pass: the pass << 24, the count of its engine socket's look
+    // fds << 20, bit 19 once the results came, and its kernel fd's revents.
+    std::atomic<uint64_t> listenLook_{0};
+    static constexpr uint64_t kLookDone = uint64_t(1) << 19;
 
     std::mutex mutex_;
     std::shared_ptr<Socket> sock_; // Fabric: the connection; Listener: the fabric listener

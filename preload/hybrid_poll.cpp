@@ -50,7 +50,11 @@ int HybridSocket::pollEvents(int events)
         return rev;
     }
     case Mode::Listener: {
-        int rev = kernelPollNow(POLLIN);
+        // In a hint pass the kernel fd was checked with the others (lookResults()).
+        const uint64_t pass = Connection::HintPass::current();
+        const uint64_t look = listenLook_.load(std::memory_order_relaxed);
+        int rev = pass && look >> 24 == pass && (look & kLookDone) ? int(look & 0xffff)
+                                                                   : kernelPollNow(POLLIN);
         if (s)
             rev |= s->pollEvents(POLLIN);
         return rev & (events | POLLERR | POLLHUP);
@@ -141,6 +145,34 @@ uint64_t HybridSocket::generation(int events)
     // Tagged, so that no value of it equals an engine connection's count: the first look after
     // a switch must differ from the last look before it.
     return (uint64_t(1) << 63) | kernelGen_.fetch_add(1, std::memory_order_relaxed);
+}
+
+int HybridSocket::lookFds(std::vector<pollfd> *fds)
+{
+    const uint64_t pass = Connection::HintPass::current();
+    if (!pass || upgradePending() || late())
+        return 0;
+    auto [s, m] = snapshot();
+    if (m != Mode::Listener)
+        return 0;
+    fds->push_back({fd_, POLLIN, 0});
+    const int n = s ? s->lookFds(fds) : 0;
+    listenLook_.store(pass << 24 | uint64_t(n) << 20, std::memory_order_relaxed);
+    return 1 + n;
+}
+
+void HybridSocket::lookResults(const pollfd *fds)
+{
+    const uint64_t pass = Connection::HintPass::current();
+    uint64_t look = listenLook_.load(std::memory_order_relaxed);
+    if (look >> 24 != pass || (look & kLookDone))
+        return; // another thread's pass took the word: this look asks the kernel itself
+    const int n = int(look >> 20 & 0xf);
+    if (n > 0)
+        if (auto s = socket())
+            s->lookResults(fds + 1);
+    listenLook_.compare_exchange_strong(look, look | kLookDone | uint16_t(fds[0].revents),
+                                        std::memory_order_relaxed);
 }
 
 int HybridSocket::kernelFd()

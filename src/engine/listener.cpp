@@ -314,6 +314,16 @@ bool Listener::pending()
     return !ready_.empty();
 }
 
+bool Listener::pendingArm()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    pumpLocked();
+    if (!ready_.empty())
+        return true;
+    (void)armLocked(); // sets hintArmed_ when it succeeds
+    return false;
+}
+
 void Listener::syncReadyFdLocked()
 {
     // Readable exactly while connections wait in the queue.
@@ -344,6 +354,8 @@ int Listener::armLocked()
     int ret = fi_trywait(domain_->fabric(), fids, 1);
     if (ret == -FI_EAGAIN)
         return -EAGAIN;
+    if (ret == 0)
+        hintArmed_.store(true, std::memory_order_release);
     return ret ? fiErr(ret) : 0;
 }
 

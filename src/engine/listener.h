@@ -45,6 +45,13 @@ public:
     int arm();
     // Whether accept() would find a connection now.
     bool pending();
+    // Readiness hint for pollers (as Connection::hintFd): true once fi_trywait succeeded after
+    // a look that found nothing. From then on a request or an answered connection makes
+    // waitFd() or readyFd() readable, so a poller that finds neither readable knows that
+    // nothing is pending without asking the provider (on tcp a system call a look).
+    bool hintArmed() const { return hintArmed_.load(std::memory_order_acquire); }
+    // pending(), and when nothing is, arms the hint (fi_trywait) for the next look.
+    bool pendingArm();
 
     int localAddress(sockaddr_storage *addr, socklen_t *len) const;
 
@@ -85,6 +92,7 @@ private:
     bool listening_ = false;
     size_t backlog_ = 1;
     std::atomic<bool> deferring_{false};
+    std::atomic<bool> hintArmed_{false};
     std::deque<std::unique_ptr<Connection>> ready_; // handshakes answered, not yet accepted
 };
 

@@ -38,6 +38,12 @@ public:
     // The connection whose armed wait fd a poller checks before it looks (see
     // Connection::hintFd), or null: then every look makes progress.
     virtual std::shared_ptr<Connection> hintConnection() { return nullptr; }
+    // Other fds a poller checks in its one system call of a hint pass (a listener's: its queue,
+    // its fabric requests, a shim listener's kernel fd), appended to fds. lookResults() then
+    // gets their revents, in that order, and pollEvents() in the same pass answers from them
+    // instead of a system call of its own for each. Returns how many were appended.
+    virtual int lookFds(std::vector<pollfd> *) { return 0; }
+    virtual void lookResults(const pollfd *) {}
     // A socket that ended up on kernel TCP (a fallback) belongs in the kernel's poll and epoll:
     // its kernel fd, or -1 while the engine serves it.
     virtual int kernelFd() { return -1; }

@@ -16,6 +16,71 @@ thread_local ThreadWake tWake;
 // poll and select's spin, learnt from this thread's earlier waits (an event loop's thread).
 thread_local AdaptiveSpin tPollSpin;
 thread_local int64_t tWakeByNs = 0;
+
+namespace {
+// poll's and select's working vectors, kept by each thread between calls: a call that finds
+// something ready at once allocates nothing. A call made while the thread's are in use (a
+// signal handler's poll inside the program's) works on vectors of its own. Reached through a
+// plain pointer and freed by a pthread key's destructor, as ThreadWake (no thread_local with
+// a destructor: its registration takes the dynamic loader's lock).
+struct PollScratch
+{
+    std::vector<std::shared_ptr<Pollable>> socks;
+    std::vector<short> interest;
+    std::vector<pollfd> kfds, lookFds, sleepFds, selectFds;
+    std::vector<nfds_t> kidx;
+    HintCheck hints;
+    bool pollBusy = false, selectBusy = false;
+};
+thread_local PollScratch *tScratch = nullptr;
+
+PollScratch *threadScratch()
+{
+    static pthread_key_t key;
+    static const bool keyed =
+        pthread_key_create(&key, [](void *p) { delete static_cast<PollScratch *>(p); }) == 0;
+    if (!tScratch && keyed) {
+        tScratch = new (std::nothrow) PollScratch;
+        if (tScratch)
+            pthread_setspecific(key, tScratch);
+    }
+    return tScratch;
+}
+
+// The thread's scratch while this lasts, or one of its own when that is in use (busy).
+class ScratchLease
+{
+public:
+    explicit ScratchLease(bool PollScratch::*busy) : busy_(busy)
+    {
+        PollScratch *s = threadScratch();
+        if (s && !(s->*busy_)) {
+            s->*busy_ = true;
+            s_ = s;
+        } else {
+            own_ = std::make_unique<PollScratch>();
+            s_ = own_.get();
+        }
+    }
+    ~ScratchLease()
+    {
+        if (own_)
+            return;
+        // The sockets are let go now, the memory kept.
+        s_->socks.clear();
+        s_->hints.clear();
+        s_->*busy_ = false;
+    }
+    ScratchLease(const ScratchLease &) = delete;
+    ScratchLease &operator=(const ScratchLease &) = delete;
+    PollScratch &operator*() { return *s_; }
+
+private:
+    bool PollScratch::*busy_;
+    PollScratch *s_ = nullptr;
+    std::unique_ptr<PollScratch> own_;
+};
+} // namespace
 [[maybe_unused]] const int gForkHandlers =
     pthread_atfork(nullptr, nullptr, [] { tWake.forgetAfterFork(); });
 void HintCheck::add(Pollable &s)
@@ -26,11 +91,15 @@ void HintCheck::add(Pollable &s)
             fds_.push_back({fd, POLLIN, 0});
         }
     }
+    const size_t at = lookFds_.size();
+    if (s.lookFds(&lookFds_) > 0)
+        looks_.emplace_back(&s, at); // the caller holds s for the pass
 }
 
 void HintCheck::appendTo(std::vector<pollfd> *fds) const
 {
     fds->insert(fds->end(), fds_.begin(), fds_.end());
+    fds->insert(fds->end(), lookFds_.begin(), lookFds_.end());
 }
 
 void HintCheck::apply(const pollfd *fds) const
@@ -38,12 +107,16 @@ void HintCheck::apply(const pollfd *fds) const
     for (size_t i = 0; i < conns_.size(); i++)
         if (!fds[i].revents)
             conns_[i]->hintQuiet();
+    for (auto &[s, at] : looks_)
+        s->lookResults(fds + conns_.size() + at);
 }
 
 void HintCheck::clear()
 {
     conns_.clear();
     fds_.clear();
+    looks_.clear();
+    lookFds_.clear();
 }
 } // namespace detail
 
@@ -60,15 +133,23 @@ int64_t takePollWakeBy()
     return ns;
 }
 
-int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, SocketResolver resolve,
-            int spinUs)
+namespace {
+// pollFds; *startNs: when its first look found nothing (0: answered at once).
+int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, SocketResolver resolve,
+           int spinUs, int64_t *startNs)
 {
     if (nfds > 0 && !fds)
         return -EFAULT;
-    std::vector<std::shared_ptr<Pollable>> socks(nfds);
-    std::vector<short> interest(nfds);
-    std::vector<pollfd> kfds;
-    std::vector<nfds_t> kidx;
+    ScratchLease lease(&PollScratch::pollBusy);
+    PollScratch &sc = *lease;
+    auto &socks = sc.socks;
+    auto &interest = sc.interest;
+    auto &kfds = sc.kfds;
+    auto &kidx = sc.kidx;
+    socks.assign(nfds, nullptr);
+    interest.assign(nfds, 0);
+    kfds.clear();
+    kidx.clear();
     bool any = false;
     for (nfds_t i = 0; i < nfds; i++) {
         fds[i].revents = 0;
@@ -83,16 +164,19 @@ int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socke
         }
     }
     if (!any) {
+        if (timeoutMs != 0)
+            *startNs = nowNs(); // it may sleep: select's timeout counts down
         return ppollMs(fds, nfds, timeoutMs, mask);
     }
-    const int64_t start = nowNs();
-    const int64_t deadline = timeoutMs < 0 ? -1 : start + int64_t(timeoutMs) * 1000000;
+    // The clock is read only once the first look finds nothing: a call answered at once (an
+    // event loop's usual case) needs no time, and its timeout counts from then.
+    int64_t start = 0, deadline = -1;
     const int64_t capNs = int64_t(spinUs) * 1000;
     int64_t spinEnd = 0;
     bool missed = false;
 
-    std::vector<pollfd> lookFds; // the kernel fds, then the hint fds
-    HintCheck hints;
+    auto &lookFds = sc.lookFds; // the kernel fds, then the hint fds
+    auto &hints = sc.hints;
     auto check = [&]() -> int {
         int count = 0;
         Connection::HintPass pass;
@@ -127,7 +211,7 @@ int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socke
     const int wakeFd = tWake.fd();
     if (wakeFd < 0)
         return -ENOMEM;
-    std::vector<pollfd> sleepFds;
+    auto &sleepFds = sc.sleepFds;
     for (;;) {
         int count = check();
         if (count != 0 || timeoutMs == 0) {
@@ -138,6 +222,8 @@ int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socke
         int64_t now = nowNs();
         if (!missed) {
             missed = true;
+            start = *startNs = now;
+            deadline = timeoutMs < 0 ? -1 : start + int64_t(timeoutMs) * 1000000;
             spinEnd = start + tPollSpin.windowNs(capNs);
         }
         if (deadline >= 0 && now >= deadline) {
@@ -164,6 +250,14 @@ int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socke
             return r;
     }
 }
+} // namespace
+
+int pollFds(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, SocketResolver resolve,
+            int spinUs)
+{
+    int64_t start = 0;
+    return pollAt(fds, nfds, timeoutMs, mask, resolve, spinUs, &start);
+}
 
 int selectFds(int nfds, fd_set *readfds, fd_set *writefds, fd_set *exceptfds, timeval *timeout,
               const sigset_t *mask, SocketResolver resolve, int spinUs)
@@ -178,7 +272,9 @@ int selectFds(int nfds, fd_set *readfds, fd_set *writefds, fd_set *exceptfds, ti
             static_cast<long long>(timeout->tv_sec) * 1000 + (timeout->tv_usec + 999) / 1000;
         timeoutMs = static_cast<int>(std::min<long long>(ms, 1 << 30));
     }
-    std::vector<pollfd> pfds;
+    ScratchLease lease(&PollScratch::selectBusy);
+    std::vector<pollfd> &pfds = (*lease).selectFds;
+    pfds.clear();
     for (int fd = 0; fd < nfds; fd++) {
         short ev = 0;
         if (readfds && FD_ISSET(fd, readfds))
@@ -190,10 +286,12 @@ int selectFds(int nfds, fd_set *readfds, fd_set *writefds, fd_set *exceptfds, ti
         if (ev)
             pfds.push_back({fd, ev, 0});
     }
-    const int64_t start = nowNs();
-    int r = pollFds(pfds.data(), pfds.size(), timeoutMs, mask, resolve, spinUs);
+    int64_t start = 0;
+    int r = pollAt(pfds.data(), pfds.size(), timeoutMs, mask, resolve, spinUs, &start);
     if (timeout) {
-        int64_t left = int64_t(timeoutMs) * 1000000 - (nowNs() - start);
+        // Answered at once: the time taken is within a look, well below the microseconds the
+        // kernel's own answer takes.
+        int64_t left = int64_t(timeoutMs) * 1000000 - (start ? nowNs() - start : 0);
         if (left < 0 || r > 0)
             left = std::max<int64_t>(left, 0);
         timeout->tv_sec = left / 1000000000;

@@ -30,7 +30,7 @@ public:
     void appendTo(std::vector<pollfd> *fds) const;
     // After that ppoll, with fds where the hint fds begin.
     void apply(const pollfd *fds) const;
-    bool empty() const { return fds_.empty(); }
+    bool empty() const { return fds_.empty() && lookFds_.empty(); }
     // For the next pass (and to let the connections go); the vectors keep their memory, so a
     // look allocates nothing.
     void clear();
@@ -38,6 +38,9 @@ public:
 private:
     std::vector<std::shared_ptr<Connection>> conns_;
     std::vector<pollfd> fds_;
+    // The sockets with look fds (lookFds()), and where theirs begin after the connections'.
+    std::vector<std::pair<Pollable *, size_t>> looks_;
+    std::vector<pollfd> lookFds_;
 };
 } // namespace detail
 

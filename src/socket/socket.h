@@ -101,6 +101,9 @@ public:
     void addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered) override;
     uint64_t generation(int events) override;
     std::shared_ptr<Connection> hintConnection() override;
+    // A listener's: its queue's and its requests' fds, once its hint is armed.
+    int lookFds(std::vector<pollfd> *fds) override;
+    void lookResults(const pollfd *fds) override;
 
     // The caller reported the connect's completion itself (a blocking connect that returned 0):
     // a later connect() gives EISCONN, not the "0 once" of a nonblocking connect.
@@ -160,6 +163,9 @@ private:
     const int family_;
     Settings settings_;
     std::atomic<bool> nonblock_{false};
+    // A listener's look in a hint pass (lookFds): the pass << 2, | 2 when its fds were handed
+    // to the poller, | 1 when they were found not readable.
+    std::atomic<uint64_t> listenLook_{0};
 
     std::mutex mutex_; // state, options; never held while blocking
     State state_ = State::Fresh;

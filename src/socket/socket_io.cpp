@@ -293,8 +293,17 @@ int Socket::pollEvents(int events)
         ring = sendRing_;
         reported = errorReported_;
     }
-    if (listener)
-        return listener->pending() ? (POLLIN & events) : 0;
+    if (listener) {
+        // In a hint pass that found its fds quiet, nothing is pending; a look of the pass that
+        // finds nothing arms the hint for the next.
+        const uint64_t pass = Connection::HintPass::current();
+        const uint64_t look = listenLook_.load(std::memory_order_relaxed);
+        if (!pass || look >> 2 != pass)
+            return listener->pending() ? (POLLIN & events) : 0;
+        if (look & 1)
+            return 0;
+        return listener->pendingArm() ? (POLLIN & events) : 0;
+    }
     ssize_t r, s;
     conn->peek(&r, &s);
     if (reported || (r < 0 && r != -EAGAIN)) {
@@ -347,6 +356,36 @@ void Socket::addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *re
         conn_->addWaiter(eventFd);
         registered->push_back(conn_);
     }
+}
+
+int Socket::lookFds(std::vector<pollfd> *fds)
+{
+    const uint64_t pass = Connection::HintPass::current();
+    std::shared_ptr<Listener> listener;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (state_ == State::Listening)
+            listener = listener_;
+    }
+    if (!pass || !listener)
+        return 0;
+    if (!listener->hintArmed()) {
+        listenLook_.store(pass << 2, std::memory_order_relaxed); // the look arms it
+        return 0;
+    }
+    listenLook_.store(pass << 2 | 2, std::memory_order_relaxed);
+    fds->push_back({listener->waitFd(), POLLIN, 0});
+    fds->push_back({listener->readyFd(), POLLIN, 0});
+    return 2;
+}
+
+void Socket::lookResults(const pollfd *fds)
+{
+    // Another thread's pass may have taken the word since: then this look makes progress.
+    const uint64_t pass = Connection::HintPass::current();
+    uint64_t look = pass << 2 | 2;
+    if (!fds[0].revents && !fds[1].revents)
+        listenLook_.compare_exchange_strong(look, look | 1, std::memory_order_relaxed);
 }
 
 std::shared_ptr<Connection> Socket::hintConnection()

@@ -6,7 +6,9 @@
 #include <cerrno>
 #include <chrono>
 #include <memory>
+#include <poll.h>
 #include <thread>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -59,6 +61,45 @@ int connectTimed(uint16_t port, int64_t *ms, bool *deferred = nullptr, bool upgr
 }
 
 } // namespace
+
+// A poller that finds an armed listener's two fds not readable skips asking the provider
+// (Socket::lookFds): that holds only if every request after the arming makes one of them
+// readable, whether a look or the progress thread answers it first.
+TEST(Listener, ArmedHintSeesEveryRequest)
+{
+    uint16_t port = 0;
+    auto l = listenOnLoopback(&port);
+    ASSERT_TRUE(l);
+    EXPECT_FALSE(l->hintArmed()) << "armed before any look";
+    for (int round = 0; round < 3; round++) {
+        SCOPED_TRACE(round);
+        pollfd fds[2] = {{l->waitFd(), POLLIN, 0}, {l->readyFd(), POLLIN, 0}};
+        // Nothing pending: a look arms it, and then both are quiet.
+        bool quiet = false;
+        for (int i = 0; i < 200 && !quiet; i++) {
+            ASSERT_FALSE(l->pendingArm());
+            quiet = l->hintArmed() && poll(fds, 2, 0) == 0;
+            if (!quiet)
+                usleep(1000);
+        }
+        ASSERT_TRUE(quiet);
+        int rc = 1;
+        std::thread client([&] {
+            int64_t ms;
+            rc = connectTimed(port, &ms, nullptr, false);
+        });
+        EXPECT_EQ(poll(fds, 2, 5000), 1 + (fds[0].revents && fds[1].revents ? 1 : 0));
+        bool pending = false;
+        for (int i = 0; i < 500 && !pending; i++)
+            if (!(pending = l->pendingArm()))
+                poll(fds, 2, 10);
+        EXPECT_TRUE(pending);
+        std::unique_ptr<Connection> c;
+        EXPECT_EQ(l->accept(&c, true), 0);
+        client.join();
+        EXPECT_EQ(rc, 0);
+    }
+}
 
 TEST(Listener, SharedListenerDefersAtOnce)
 {
