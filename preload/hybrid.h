@@ -155,6 +155,7 @@ public:
     // A listener's: its kernel fd, then its engine socket's (Socket::lookFds).
     int lookFds(std::vector<pollfd> *fds) override;
     void lookResults(const pollfd *fds) override;
+    int parkFds(std::vector<pollfd> *fds) override;
     int kernelFd() override;
 
     std::string debugState();

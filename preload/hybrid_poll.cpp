@@ -175,6 +175,17 @@ void HybridSocket::lookResults(const pollfd *fds)
                                         std::memory_order_relaxed);
 }
 
+int HybridSocket::parkFds(std::vector<pollfd> *fds)
+{
+    if (upgradePending() || late())
+        return -ENOTSUP;
+    auto [s, m] = snapshot();
+    if (m != Mode::Listener || !s)
+        return -ENOTSUP;
+    fds->push_back({fd_, POLLIN, 0});
+    return s->parkFds(fds);
+}
+
 int HybridSocket::kernelFd()
 {
     return mode() == Mode::Kernel && !upgradePending() ? fd_ : -1;

@@ -5,6 +5,7 @@
 #include "poller.h"
 #include "poller_internal.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -71,6 +72,7 @@ void EpollSet::forgetAfterForkLocked()
         e.connRaw = nullptr;
         e.looked = false;
         e.hintFd = -1;
+        e.parkFds.clear();
         e.parked = false;
         e.fired = false;
         e.idleSinceNs = 0;
@@ -101,6 +103,7 @@ void EpollSet::watchLocked(Entry &e, const std::shared_ptr<Connection> &c)
 
 void EpollSet::unwatchLocked(Entry &e)
 {
+    unparkFdsLocked(e);
     if (e.hintFd >= 0) {
         auto own = hintOwner_.find(e.hintFd);
         if (own != hintOwner_.end() && own->second == keyOf(e)) {
@@ -124,10 +127,68 @@ void EpollSet::unwatchLocked(Entry &e)
     e.parked = false;
 }
 
+void EpollSet::unparkFdsLocked(Entry &e)
+{
+    const uint64_t key = keyOf(e);
+    for (const int fd : e.parkFds) {
+        // Only an fd still registered for this entry: a number another entry registered since
+        // is that entry's (a closed fd left the hint epoll with its file).
+        auto own = hintOwner_.find(fd);
+        if (own == hintOwner_.end() || own->second != key)
+            continue;
+        hintOwner_.erase(own);
+        (void)sys::epollCtl(hintEp_, EPOLL_CTL_DEL, fd, nullptr);
+    }
+    e.parkFds.clear();
+}
+
+int EpollSet::parkFdsLocked(Entry &e, bool arm)
+{
+    if (!arm)
+        return 0;
+    std::shared_ptr<Pollable> s = e.sock.lock();
+    if (!s || !readyLocked())
+        return 0;
+    parkScratch_.clear();
+    const int r = s->parkFds(&parkScratch_);
+    if (r < 0 || parkScratch_.empty())
+        return r == -EAGAIN ? -EAGAIN : 0;
+    const uint64_t key = keyOf(e);
+    // An fd another live entry parks on (a dup of the listener in the same set): that one
+    // wakes for it, and this one stays active.
+    for (const pollfd &p : parkScratch_)
+        if (auto own = hintOwner_.find(p.fd); own != hintOwner_.end() && own->second != key)
+            if (const Entry *o = findLocked(own->second); o && !o->sock.expired())
+                return 0;
+    // One-shot, as a connection's: registered while readable, it fires at once.
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLONESHOT;
+    ev.data.u64 = key;
+    for (const pollfd &p : parkScratch_) {
+        int rc = sys::epollCtl(hintEp_, EPOLL_CTL_MOD, p.fd, &ev);
+        if (rc == -ENOENT)
+            rc = sys::epollCtl(hintEp_, EPOLL_CTL_ADD, p.fd, &ev);
+        if (rc < 0) {
+            RS_LOG(Debug, "epoll %d: cannot watch fd %d's fd %d: %s", epfd_, e.fd, p.fd,
+                   strerror(-rc));
+            unparkFdsLocked(e);
+            return 0;
+        }
+        hintOwner_[p.fd] = key;
+        if (std::find(e.parkFds.begin(), e.parkFds.end(), p.fd) == e.parkFds.end())
+            e.parkFds.push_back(p.fd);
+    }
+    e.fired = false;
+    e.parked = true;
+    return 1;
+}
+
 int EpollSet::parkLocked(Entry &e, bool arm)
 {
+    if (!e.slot && !e.connRaw)
+        return parkFdsLocked(e, arm); // no connection behind it: a listener, or none
     if (!e.slot || !e.looked)
-        return 0; // no connection behind it, or its look did not reach it
+        return 0; // its look did not reach its connection
     std::shared_ptr<Connection> c = e.conn.lock();
     if (!c)
         return 0;

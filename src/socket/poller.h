@@ -114,6 +114,8 @@ private:
         bool looked = false; // the last look reached connRaw, and lookSeq is its watchSeq()
         uint64_t lookSeq = 0;
         int hintFd = -1; // the fd registered for it in the hint epoll (-1: none)
+        // A member without a connection (a listener) parks on the fds it names (parkFds()).
+        std::vector<int> parkFds;
     };
     static uint64_t keyOf(const Entry &e) { return uint64_t(e.serial) << 32 | uint32_t(e.fd); }
     Entry *findLocked(uint64_t key);
@@ -144,6 +146,10 @@ private:
     // something changed since its look (look again before sleeping). arm: arms the connection
     // if the look did not (before sleeping, or once it has been idle for a while).
     int parkLocked(Entry &e, bool arm);
+    // parkLocked() for a member without a connection (a listener), on the fds it names; only
+    // when arm (its look does not arm it).
+    int parkFdsLocked(Entry &e, bool arm);
+    void unparkFdsLocked(Entry &e);
     // Takes the kernel's epoll out of the hint epoll: true if it was there.
     bool unnestKernel();
     // Takes the wake-ups of parked entries (their fds, their marks) and makes them active;
@@ -169,6 +175,7 @@ private:
     std::shared_ptr<ReadyMarks> marks_;
     std::unordered_map<int, uint64_t> hintOwner_;
     std::vector<uint64_t> marked_; // scratch
+    std::vector<pollfd> parkScratch_;
     uint64_t forkGen_;
     std::atomic<uint64_t> looks_{0};
     std::atomic<uint64_t> gen_{0};

@@ -104,6 +104,7 @@ public:
     // A listener's: its queue's and its requests' fds, once its hint is armed.
     int lookFds(std::vector<pollfd> *fds) override;
     void lookResults(const pollfd *fds) override;
+    int parkFds(std::vector<pollfd> *fds) override;
 
     // The caller reported the connect's completion itself (a blocking connect that returned 0):
     // a later connect() gives EISCONN, not the "0 once" of a nonblocking connect.

@@ -388,6 +388,16 @@ void Socket::lookResults(const pollfd *fds)
         listenLook_.compare_exchange_strong(look, look | 1, std::memory_order_relaxed);
 }
 
+int Socket::parkFds(std::vector<pollfd> *fds)
+{
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (state_ != State::Listening || !listener_)
+            return -ENOTSUP;
+    }
+    return prepareWait(fds, POLLIN);
+}
+
 std::shared_ptr<Connection> Socket::hintConnection()
 {
     std::lock_guard<std::mutex> lock(mutex_);

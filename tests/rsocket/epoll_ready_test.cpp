@@ -108,6 +108,36 @@ protected:
     std::vector<std::pair<std::shared_ptr<Socket>, std::shared_ptr<Socket>>> pairs_;
 };
 
+// An idle listener parks too (on its request and queue fds), and a connect wakes it: waits
+// between connects look at nothing, and every connect is reported.
+TEST_P(EpollReady, IdleListenerIsParkedAndWokenByAConnect)
+{
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = 999;
+    ASSERT_EQ(set_->ctl(EPOLL_CTL_ADD, 999, &ev, listener_), 0);
+    epoll_event out[8];
+    for (int round = 0; round < 3; round++) {
+        SCOPED_TRACE(round);
+        ASSERT_TRUE(parked(1));
+        const uint64_t before = set_->looks();
+        for (int i = 0; i < 100; i++)
+            ASSERT_EQ(set_->wait(out, 8, 0, nullptr, 0), 0);
+        EXPECT_EQ(set_->looks() - before, 0u) << "waits looked at an idle listener";
+        auto c = std::make_shared<Socket>(AF_INET, settings_);
+        std::thread t([&] {
+            EXPECT_EQ(c->connect(reinterpret_cast<sockaddr *>(&addr_), sizeof(addr_)), 0);
+        });
+        ASSERT_EQ(set_->wait(out, 8, 5000, nullptr, 50), 1);
+        EXPECT_EQ(out[0].data.u64, 999u);
+        EXPECT_TRUE(out[0].events & EPOLLIN);
+        std::shared_ptr<Socket> s;
+        ASSERT_EQ(listener_->accept(&s, nullptr, nullptr), 0);
+        t.join();
+        pairs_.emplace_back(c, s);
+    }
+}
+
 // With every member idle and parked, waits look at none of them; data for one member wakes it
 // alone, and the wait reports it.
 TEST_P(EpollReady, IdleMembersAreNotLookedAt)
