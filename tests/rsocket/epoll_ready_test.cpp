@@ -125,9 +125,8 @@ TEST_P(EpollReady, IdleListenerIsParkedAndWokenByAConnect)
             ASSERT_EQ(set_->wait(out, 8, 0, nullptr, 0), 0);
         EXPECT_EQ(set_->looks() - before, 0u) << "waits looked at an idle listener";
         auto c = std::make_shared<Socket>(AF_INET, settings_);
-        std::thread t([&] {
-            EXPECT_EQ(c->connect(reinterpret_cast<sockaddr *>(&addr_), sizeof(addr_)), 0);
-        });
+        std::thread t(
+            [&] { EXPECT_EQ(c->connect(reinterpret_cast<sockaddr *>(&addr_), sizeof(addr_)), 0); });
         ASSERT_EQ(set_->wait(out, 8, 5000, nullptr, 50), 1);
         EXPECT_EQ(out[0].data.u64, 999u);
         EXPECT_TRUE(out[0].events & EPOLLIN);
