@@ -83,8 +83,10 @@ out=$(printf "select md5('%s');\n" "$(cat "$work/blob")" | sql psql shim) ||
 want=$(md5sum <"$work/blob")
 [ "$out" = "${want%% *}" ] || fail "psql: the server's md5 of the 100 KB literal differs"
 # This session lasts: its connection switches to the fabric during the sleep (psql loads
-# libfabric in the background meanwhile), so the 100 KB come over the fabric.
-sql psql-long shim >"$work/download" <<'EOS' || fail "psql: the download failed"
+# libfabric in the background meanwhile), so the 100 KB come over the fabric. Its shim logs at
+# info level, so that a switch that did not happen says why in a failure's output.
+RSTREAM_LOG=info RSTREAM_LOG_FILE="$work/shim-psql-long.%p.log" \
+	sql psql-long shim >"$work/download" <<'EOS' || fail "psql: the download failed"
 select pg_sleep(2.5) \g /dev/null
 select md5(s) || ' ' || s from (select string_agg(md5(g::text), '') s
 	from generate_series(1, 3125) g) t;
