@@ -235,6 +235,36 @@ TEST_P(Semantics, SelectReadWriteAndTimeout)
     EXPECT_TRUE(FD_ISSET(c, &w));
 }
 
+// The time left is written back for a select over descriptors the kernel answers for (a pipe)
+// too, whether it was answered at once or after a wait.
+TEST_P(Semantics, SelectWritesBackTheTimeLeft)
+{
+    int p[2];
+    ASSERT_EQ(pipe(p), 0);
+    fd_set r;
+    FD_ZERO(&r);
+    FD_SET(p[0], &r);
+    std::thread writer([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        EXPECT_EQ(write(p[1], "x", 1), 1);
+    });
+    timeval tv{5, 0};
+    EXPECT_EQ(b->select(p[0] + 1, &r, nullptr, nullptr, &tv), 1);
+    writer.join();
+    const long leftMs = tv.tv_sec * 1000 + tv.tv_usec / 1000;
+    EXPECT_LE(leftMs, 4920) << "the wait was not counted";
+    EXPECT_GT(leftMs, 3000);
+    // Ready at once: next to nothing taken.
+    FD_ZERO(&r);
+    FD_SET(p[0], &r);
+    tv = {5, 0};
+    EXPECT_EQ(b->select(p[0] + 1, &r, nullptr, nullptr, &tv), 1);
+    EXPECT_GT(tv.tv_sec * 1000 + tv.tv_usec / 1000, 4900);
+    EXPECT_LE(tv.tv_sec * 1000000 + tv.tv_usec, 5000000);
+    close(p[0]);
+    close(p[1]);
+}
+
 TEST_P(Semantics, SelectClosedDescriptorIsEbadf)
 {
     int fd = newSocket();
