@@ -190,10 +190,10 @@ public:
     // This thread's last peek(): the connection and its watchSeq() (read with what it saw).
     static WatchLook lastLook() { return tLook; }
     static void clearLook() { tLook = WatchLook{nullptr, 0}; }
-    // arm(), and on success (0) the watchSeq() read under the lock once armed.
-    int arm(uint64_t *seq);
-    // Count the events that can make it newly readable (data, EOF, errors) or writable
-    // (space, connection), for edge-triggered epoll.
+    // arm(), and on success (0) the watchSeq() read under the lock once armed. fdSeen false: not
+    // seen readable since the last arm (a same-host link reads it only for an owed wake-up).
+    int arm(uint64_t *seq, bool fdSeen = true);
+    // Events that can make it newly readable (data, EOF, errors) or writable (edge-triggered).
     uint64_t rxEventCount() const { return rxEvents_.load(std::memory_order_relaxed); }
     uint64_t txEventCount() const { return txEvents_.load(std::memory_order_relaxed); }
 
@@ -430,7 +430,7 @@ private:
     ssize_t shRecvStateLocked();
     ssize_t shNoticeLocked(ssize_t state); // -EAGAIN: looks at the link's socket (bounded)
     void shPeekLocked(ssize_t *recv, ssize_t *send);
-    int shArmLocked();
+    int shArmLocked(bool fdSeen);
     // Once the link is up: the setup's endpoint, queues and rings are closed and freed.
     void shReleaseFabricLocked();
     // Closes the endpoint, then its regions, queues and fds, and frees its rings (idempotent).

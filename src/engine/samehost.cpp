@@ -379,31 +379,54 @@ bool SameHostLink::drain()
     char buf[256];
     bool any = false;
     for (int i = 0; i < 16; i++) {
+        socketReads_.fetch_add(1, std::memory_order_relaxed);
         const ssize_t r = sys::read(sock_, buf, sizeof(buf));
         if (r == -EAGAIN || r == -EINTR)
-            return any;
+            break;
         if (r <= 0) {
             peerGone_.store(true, std::memory_order_release);
             return true;
         }
         any = true;
         if (size_t(r) < sizeof(buf))
-            return any;
+            break;
     }
+    // Read to the end (or to a signal: the bytes left make the fd readable, so the next
+    // sleep ends at once and its arm reads them).
+    wakeOwed_.store(false, std::memory_order_relaxed);
     return any;
 }
 
-int SameHostLink::arm(bool read, uint64_t room, bool *drained, bool quiet)
+int SameHostLink::arm(bool read, uint64_t room, bool *drained, Drain mode)
 {
     *drained = false;
     if (sock_ < 0)
         return 0;
-    if (!quiet)
+    // The peer writes a byte only after taking a word of this end's (it clears the word
+    // first), or for a change of its flags (which the look below reports): a word this end
+    // set and now finds cleared is a byte on its way. Set before the read, a word the peer
+    // takes at once is either read here or counted at the next arm.
+    bool taken = false;
+    if (read) {
+        taken = rx_->readerWaiting.v.exchange(1, std::memory_order_seq_cst) == 0 && readWord_;
+        readWord_ = true;
+    } else if (readWord_ && rx_->readerWaiting.v.load(std::memory_order_acquire) == 0) {
+        taken = true;
+        readWord_ = false;
+    }
+    if (room) {
+        const uint64_t want = std::min(room, txSize_);
+        taken |= tx_->writerWaiting.v.exchange(want, std::memory_order_seq_cst) == 0 && roomWord_;
+        roomWord_ = true;
+    } else if (roomWord_ && tx_->writerWaiting.v.load(std::memory_order_acquire) == 0) {
+        taken = true;
+        roomWord_ = false;
+    }
+    if (taken)
+        wakeOwed_.store(true, std::memory_order_relaxed);
+    if (mode == Drain::Always ||
+        (mode == Drain::IfOwed && wakeOwed_.load(std::memory_order_relaxed)))
         *drained = drain();
-    if (read)
-        rx_->readerWaiting.v.store(1, std::memory_order_seq_cst);
-    if (room)
-        tx_->writerWaiting.v.store(std::min(room, txSize_), std::memory_order_seq_cst);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     const uint64_t f = rx_->flags.v.load(std::memory_order_acquire);
     if (rx_->tail.v.load(std::memory_order_acquire) != seenTail_ ||

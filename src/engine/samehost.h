@@ -120,9 +120,17 @@ public:
     // waiting words for what is wanted (room: the bytes of room to be woken for, 0 for none),
     // and returns -EAGAIN when something changed since the last observe() (look again instead
     // of sleeping). *drained: wake-up bytes were read, which other sleepers on the same fd may
-    // have been woken for. quiet: the caller just found fd() not readable (no bytes to read, no
-    // end to notice), so the read is skipped.
-    int arm(bool read, uint64_t room, bool *drained, bool quiet = false);
+    // have been woken for. mode says when the wake-up bytes are read: Always (the caller saw
+    // fd() readable, or cannot tell), IfOwed (it has not seen fd() readable since its last arm:
+    // read only where the peer took a waiting word of this end's, as it then writes a byte), or
+    // Never (it just found fd() not readable: no bytes to read, no end to notice).
+    enum class Drain
+    {
+        Always,
+        IfOwed,
+        Never
+    };
+    int arm(bool read, uint64_t room, bool *drained, Drain mode = Drain::Always);
     // The room a writer waits for: a third of the ring, when poll reports POLLOUT (as Linux's
     // sk_stream_is_writeable), and when a blocking send goes on.
     uint64_t writableRoom() const { return (txSize_ + 2) / 3; }
@@ -151,6 +159,8 @@ public:
 
     // Tests: the words of this end's receive direction, as a hostile peer would write them.
     shm::DirCtl *testRecvDir() { return rx_; }
+    // Tests: reads of the socket so far (each a system call).
+    uint64_t testSocketReads() const { return socketReads_.load(std::memory_order_relaxed); }
     shm::DirCtl *testSendDir() { return tx_; }
 
 private:
@@ -185,6 +195,12 @@ private:
     std::atomic<bool> peerGone_{false}; // the socket ended: the peer closed or died
     std::atomic<int> err_{0};
     std::atomic<int64_t> lastNoticeNs_{0};
+    // The waiting words this end set and has not seen taken (arm()'s callers hold one lock),
+    // and whether a wake-up byte may wait on the socket: the peer took a word since the last
+    // read that found the socket empty.
+    bool readWord_ = false, roomWord_ = false;
+    std::atomic<bool> wakeOwed_{true};
+    std::atomic<uint64_t> socketReads_{0};
     // observe()'s last view.
     uint64_t seenTail_ = 0, seenHead_ = 0, seenFlags_ = 0;
     bool seenGone_ = false;

@@ -121,7 +121,7 @@ int Connection::shReadyLocked(int events)
     return ready;
 }
 
-int Connection::shArmLocked()
+int Connection::shArmLocked(bool fdSeen)
 {
     if (state_ == State::Accepting)
         return armLocked(); // pollers sleep on the fabric's fd until it answers
@@ -132,9 +132,15 @@ int Connection::shArmLocked()
     const uint64_t room = sh_->writableRoom();
     const uint64_t want = space >= 0 && uint64_t(space) < room ? room : 0;
     // A poller that found the link's fd not readable (hintQuiet()) saves the read: a byte that
-    // came since makes its sleep end at once, and its next look finds the fd readable.
+    // came since makes its sleep end at once, and its next look finds the fd readable. One that
+    // has not seen it readable since its last arm (epoll parking a member it did not see woken)
+    // reads it only for a wake-up the peer owes.
+    using Drain = SameHostLink::Drain;
     const bool quiet = shQuiet_.exchange(false, std::memory_order_relaxed);
-    const int r = sh_->arm(true, want, &drained, quiet);
+    const int r = sh_->arm(true, want, &drained,
+                           quiet    ? Drain::Never
+                           : fdSeen ? Drain::Always
+                                    : Drain::IfOwed);
     if (shArmed_.exchange(r == 0, std::memory_order_relaxed) && r != 0)
         notifyWatchesLocked();
     if (drained) {

@@ -248,12 +248,12 @@ int Connection::arm()
     return arm(nullptr);
 }
 
-int Connection::arm(uint64_t *seq)
+int Connection::arm(uint64_t *seq, bool fdSeen)
 {
     std::lock_guard<std::mutex> lock(mutex_);
     int ret;
     if (shOn_.load(std::memory_order_relaxed)) {
-        ret = shArmLocked();
+        ret = shArmLocked(fdSeen);
     } else if (!ep_ || armed_.load(std::memory_order_relaxed)) {
         ret = 0;
     } else {

@@ -106,13 +106,13 @@ void EpollSet::unwatchLocked(Entry &e)
     unparkFdsLocked(e);
     if (e.hintFd >= 0) {
         auto own = hintOwner_.find(e.hintFd);
-        if (own != hintOwner_.end() && own->second == keyOf(e)) {
+        if (own != hintOwner_.end() && own->second == keyOf(e))
             hintOwner_.erase(own);
-            // Only while the connection lives and the fd is still its own: a closed fd left the
-            // hint epoll with its file, and its number may be another connection's now.
-            if (auto c = e.conn.lock(); c && c->waitFd() == e.hintFd)
-                (void)sys::epollCtl(hintEp_, EPOLL_CTL_DEL, e.hintFd, nullptr);
-        }
+        // The fd stays in the hint epoll: programs such as redis-benchmark take a socket out
+        // of their set and put it back at every request, and the next parking's EPOLL_CTL_MOD
+        // then finds it there (two system calls saved). Left behind, it fires at most once
+        // (one-shot) under a key no entry has, which the wait ignores; it leaves the hint
+        // epoll with its file.
         e.hintFd = -1;
     }
     if (e.slot) {
@@ -200,9 +200,10 @@ int EpollSet::parkLocked(Entry &e, bool arm)
     if (fd < 0) {
         if (!arm && !e.fired)
             return 0;
+        const bool fired = e.fired;
         e.fired = false;
         uint64_t seq = 0;
-        const int r = c->arm(&seq);
+        const int r = c->arm(&seq, fired);
         if (r == -EAGAIN || (r == 0 && seq != e.lookSeq))
             return -EAGAIN; // something came since the look
         if (r < 0 || (fd = c->hintFd()) < 0)

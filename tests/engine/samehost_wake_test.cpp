@@ -1,0 +1,100 @@
+// SPDX-License-Identifier: MIT
+// A same-host link's wake-up bytes: a poller that parks a connection again without having seen
+// its fd readable reads the link's socket only where the peer owes it a byte (it took one of this
+// end's waiting words), and a byte the peer wrote unasked is still read once the fd is seen.
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include "engine_fixture.h"
+#include "samehost.h"
+
+namespace rstream {
+namespace {
+
+class SameHostWake : public EngineTest
+{
+protected:
+    Settings settings() const
+    {
+        Settings s;
+        s.provider = "tcp";
+        s.sameHost = true;
+        return s;
+    }
+};
+
+bool fdReadable(int fd)
+{
+    pollfd p{fd, POLLIN, 0};
+    return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+}
+
+// What epoll's parking does for a member it did not see woken: a look, then arm(&seq, false).
+int armUnseen(Connection &c)
+{
+    ssize_t recv = 0, send = 0;
+    c.peek(&recv, &send);
+    uint64_t seq = 0;
+    return c.arm(&seq, false);
+}
+
+TEST_F(SameHostWake, ArmReadsTheSocketOnlyForAnOwedWakeUp)
+{
+    auto [c, s] = pair(settings(), settings());
+    ASSERT_TRUE(c && s);
+    SameHostLink *link = s->testSameHostLink();
+    ASSERT_NE(link, nullptr);
+    // The first arm reads whatever the setup left; armed again with nothing owed, no read.
+    ASSERT_EQ(armUnseen(*s), 0);
+    const uint64_t base = link->testSocketReads();
+    for (int i = 0; i < 50; i++)
+        ASSERT_EQ(armUnseen(*s), 0);
+    EXPECT_EQ(link->testSocketReads(), base) << "arms with nothing owed read the socket";
+
+    // The peer's send takes this end's waiting word and writes a byte: the next arm reads it.
+    for (int round = 0; round < 5; round++) {
+        SCOPED_TRACE(round);
+        ASSERT_EQ(c->send("x", 1), 1);
+        for (int i = 0; i < 2000 && !fdReadable(link->fd()); i++)
+            usleep(1000);
+        ASSERT_TRUE(fdReadable(link->fd())) << "the peer wrote no wake-up";
+        const uint64_t before = link->testSocketReads();
+        uint64_t seq = 0;
+        EXPECT_EQ(s->arm(&seq, false), -EAGAIN); // its data came since the last look
+        EXPECT_GT(link->testSocketReads(), before);
+        EXPECT_FALSE(fdReadable(link->fd())) << "the owed byte was left";
+        char b;
+        ASSERT_EQ(s->recv(&b, 1, kNonBlock), 1);
+        ASSERT_EQ(armUnseen(*s), 0);
+    }
+
+    // A byte the peer writes unasked (no word taken) is left by an arm that did not see the fd
+    // readable (the sleep on the fd then ends at once), and read by the arm after it.
+    const int peerSock = c->testSameHostLink()->fd();
+    const char junk = 0;
+    ASSERT_EQ(::write(peerSock, &junk, 1), 1);
+    for (int i = 0; i < 2000 && !fdReadable(link->fd()); i++)
+        usleep(1000);
+    ASSERT_TRUE(fdReadable(link->fd()));
+    ASSERT_EQ(armUnseen(*s), 0);
+    EXPECT_TRUE(fdReadable(link->fd()));
+    ssize_t recv = 0, send = 0;
+    s->peek(&recv, &send);
+    uint64_t seq = 0;
+    ASSERT_EQ(s->arm(&seq, true), 0);
+    EXPECT_FALSE(fdReadable(link->fd())) << "a seen fd's byte was left";
+
+    // The connection still works both ways.
+    ASSERT_EQ(c->send("ping", 4), 4);
+    char buf[4];
+    ASSERT_EQ(s->recv(buf, 4, kWaitAll, 5000), 4);
+    ASSERT_EQ(s->send("pong", 4), 4);
+    ASSERT_EQ(c->recv(buf, 4, kWaitAll, 5000), 4);
+    EXPECT_EQ(std::string(buf, 4), "pong");
+}
+
+} // namespace
+} // namespace rstream
