@@ -133,6 +133,19 @@ int kTimerfdCreate(int clock, int flags)
 {
     return moveHigh(::timerfd_create(clock, flags)); // not interposed: libc's own
 }
+int kPipe2(int fds[2], int flags)
+{
+    const int r = shim().real.pipe2()(fds, flags);
+    if (r == 0) {
+        fds[0] = moveHigh(fds[0]);
+        fds[1] = moveHigh(fds[1]);
+    }
+    return r;
+}
+int kReopen(int fd, int flags)
+{
+    return moveHigh(sys::reopenLibc(fd, flags)); // open(2) is not interposed
+}
 
 // The kernel seam (src/base/kernel.h) as the layers below the shim see it: the functions the
 // interposers forward to, never the interposers themselves.
@@ -160,6 +173,8 @@ constexpr sys::Calls gRealCalls = {
     .epollWait = realEpollWait,
     .eventfd = kEventfd,
     .timerfdCreate = kTimerfdCreate,
+    .pipe2 = kPipe2,
+    .reopen = kReopen,
 };
 
 } // namespace

@@ -3,12 +3,20 @@
 
 #include "kernel.h"
 
+#include <cstdio>
 #include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
 namespace rstream::sys {
+
+int reopenLibc(int fd, int flags)
+{
+    char path[40];
+    std::snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    return ::open(path, flags | O_CLOEXEC);
+}
 
 const Calls kLibc = {
     .socket = ::socket,
@@ -34,6 +42,8 @@ const Calls kLibc = {
     .epollWait = ::epoll_wait,
     .eventfd = ::eventfd,
     .timerfdCreate = ::timerfd_create,
+    .pipe2 = ::pipe2,
+    .reopen = reopenLibc,
 };
 
 constinit std::atomic<const Calls *> gCalls{&kLibc};

@@ -43,6 +43,8 @@ struct Calls
     int (*epollWait)(int, epoll_event *, int, int);
     int (*eventfd)(unsigned int, int);
     int (*timerfdCreate)(int, int);
+    int (*pipe2)(int *, int);
+    int (*reopen)(int, int); // a new open file description of what fd names (/proc/self/fd)
 };
 
 // libc's functions.
@@ -162,5 +164,17 @@ inline int timerfdCreate(int clock, int flags)
 {
     return ret(calls().timerfdCreate(clock, flags));
 }
+inline int pipe2(int fds[2], int flags)
+{
+    return ret(calls().pipe2(fds, flags));
+}
+// Opens what fd names again (a pipe's other end, or both ends with O_RDWR), as a new open file
+// description of the caller's own: its flags (O_NONBLOCK) are not shared with fd's.
+inline int reopen(int fd, int flags)
+{
+    return ret(calls().reopen(fd, flags));
+}
+// libc's reopen(): what the seam's reopen calls without the shim.
+int reopenLibc(int fd, int flags);
 
 } // namespace rstream::sys

@@ -428,7 +428,7 @@ private:
     int shWaitFor(int events, int64_t deadlineNs);
     int shReadyLocked(int events);
     ssize_t shRecvStateLocked();
-    ssize_t shNoticeLocked(ssize_t state); // -EAGAIN: looks at the link's socket (bounded)
+    ssize_t shNoticeLocked(ssize_t state); // -EAGAIN: looks at the link's pipe (bounded)
     void shPeekLocked(ssize_t *recv, ssize_t *send);
     int shArmLocked(bool fdSeen);
     // Once the link is up: the setup's endpoint, queues and rings are closed and freed.

@@ -98,7 +98,7 @@ int64_t Connection::timerTick(int64_t now, bool *watch)
     if (!lock.owns_lock())
         return now + 1000000; // the application is in a call: look again shortly
     if (shOn_.load(std::memory_order_relaxed) && state_ != State::Accepting) {
-        // The link's socket tells when the peer goes: no keepalive. Corked data and an idle
+        // The link's pipe tells when the peer goes: no keepalive. Corked data and an idle
         // ring have timers.
         return shTimerLocked(now);
     }

@@ -34,7 +34,7 @@ void storeMax(std::atomic<uint64_t> &a, uint64_t v)
     }
 }
 
-// The links of this process. A fork child closes its copies of their sockets: the connections
+// The links of this process. A fork child closes its copies of their pipes' fds: the connections
 // are the parent's (the shim reports EIO on them in the child), and a copy held by a child
 // would keep the peer from seeing the parent's end when the parent dies.
 std::mutex gLinksMutex;
@@ -50,15 +50,18 @@ std::vector<SameHostLink *> gLinks;
 
 void SameHostLink::forgetAfterFork()
 {
-    if (sock_ >= 0)
-        sys::close(sock_);
-    sock_ = -1;
+    if (sleepFd_ >= 0)
+        sys::close(sleepFd_);
+    if (wakeFd_ >= 0)
+        sys::close(wakeFd_);
+    sleepFd_ = wakeFd_ = -1;
     err_.store(-EIO, std::memory_order_relaxed);
 }
 
-void SameHostLink::setSocket(int sock)
+void SameHostLink::setWakeFds(int sleepFd, int wakeFd)
 {
-    sock_ = sock;
+    sleepFd_ = sleepFd;
+    wakeFd_ = wakeFd;
     std::lock_guard<std::mutex> lock(gLinksMutex);
     gLinks.push_back(this);
 }
@@ -69,8 +72,10 @@ SameHostLink::~SameHostLink()
         std::lock_guard<std::mutex> lock(gLinksMutex);
         std::erase(gLinks, this);
     }
-    if (sock_ >= 0)
-        sys::close(sock_);
+    if (sleepFd_ >= 0)
+        sys::close(sleepFd_);
+    if (wakeFd_ >= 0)
+        sys::close(wakeFd_);
     if (mem_)
         munmap(mem_, memSize_);
 }
@@ -171,15 +176,11 @@ void SameHostLink::corrupt(const char *what)
 
 void SameHostLink::wakePeer()
 {
-    if (sock_ < 0)
+    if (wakeFd_ < 0)
         return;
-    char b = 0;
-    iovec iov{&b, 1};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    // A full socket already holds a wake-up; a peer that went needs none (and no SIGPIPE).
-    (void)sys::sendmsg(sock_, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+    // A full pipe already holds a wake-up. Never EPIPE: this end reads the pipe too.
+    const char b = 0;
+    (void)sys::write(wakeFd_, &b, 1);
 }
 
 uint64_t SameHostLink::peerFlags()
@@ -379,8 +380,8 @@ bool SameHostLink::drain()
     char buf[256];
     bool any = false;
     for (int i = 0; i < 16; i++) {
-        socketReads_.fetch_add(1, std::memory_order_relaxed);
-        const ssize_t r = sys::read(sock_, buf, sizeof(buf));
+        wakeReads_.fetch_add(1, std::memory_order_relaxed);
+        const ssize_t r = sys::read(sleepFd_, buf, sizeof(buf));
         if (r == -EAGAIN || r == -EINTR)
             break;
         if (r <= 0) {
@@ -400,7 +401,7 @@ bool SameHostLink::drain()
 int SameHostLink::arm(bool read, uint64_t room, bool *drained, Drain mode)
 {
     *drained = false;
-    if (sock_ < 0)
+    if (sleepFd_ < 0)
         return 0;
     // The peer writes a byte only after taking a word of this end's (it clears the word
     // first), or for a change of its flags (which the look below reports): a word this end
@@ -439,10 +440,10 @@ int SameHostLink::arm(bool read, uint64_t room, bool *drained, Drain mode)
 
 bool SameHostLink::notice(int64_t nowNs)
 {
-    if (sock_ < 0 || nowNs - lastNoticeNs_.load(std::memory_order_relaxed) < 1000000)
+    if (sleepFd_ < 0 || nowNs - lastNoticeNs_.load(std::memory_order_relaxed) < 1000000)
         return false;
     lastNoticeNs_.store(nowNs, std::memory_order_relaxed);
-    // The end of the socket only shows once the wake-ups before it are read.
+    // The end of the pipe only shows once the wake-ups before it are read.
     return drain();
 }
 
@@ -461,12 +462,6 @@ void SameHostLink::reset()
     wakePeer();
 }
 
-void SameHostLink::closeSocket()
-{
-    if (sock_ >= 0)
-        sys::shutdown(sock_, SHUT_RDWR);
-}
-
 bool SameHostLink::releaseIdleRing()
 {
     if (err_.load(std::memory_order_relaxed) || held() || unreadByPeer())
@@ -479,15 +474,15 @@ bool SameHostLink::releaseIdleRing()
 std::string SameHostLink::debugState() const
 {
     char buf[320];
-    std::snprintf(buf, sizeof(buf),
-                  "same-host(sock=%d rx tail=%llu head=%llu seen=%llu waiting=%llu flags=%llu | "
-                  "tx tail=%llu pub=%llu peerHead=%llu waiting=%llu | gone=%d err=%d)",
-                  sock_, (unsigned long long)rx_->tail.v.load(), (unsigned long long)rxHead_.load(),
-                  (unsigned long long)seenTail_, (unsigned long long)rx_->readerWaiting.v.load(),
-                  (unsigned long long)rx_->flags.v.load(), (unsigned long long)txTail_.load(),
-                  (unsigned long long)txPublished_.load(), (unsigned long long)tx_->head.v.load(),
-                  (unsigned long long)tx_->writerWaiting.v.load(), int(peerGone_.load()),
-                  err_.load());
+    std::snprintf(
+        buf, sizeof(buf),
+        "same-host(fd=%d rx tail=%llu head=%llu seen=%llu waiting=%llu flags=%llu | "
+        "tx tail=%llu pub=%llu peerHead=%llu waiting=%llu | gone=%d err=%d)",
+        sleepFd_, (unsigned long long)rx_->tail.v.load(), (unsigned long long)rxHead_.load(),
+        (unsigned long long)seenTail_, (unsigned long long)rx_->readerWaiting.v.load(),
+        (unsigned long long)rx_->flags.v.load(), (unsigned long long)txTail_.load(),
+        (unsigned long long)txPublished_.load(), (unsigned long long)tx_->head.v.load(),
+        (unsigned long long)tx_->writerWaiting.v.load(), int(peerGone_.load()), err_.load());
     return buf;
 }
 

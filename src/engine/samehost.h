@@ -3,15 +3,22 @@
 //
 // When both ends of a connection run in one kernel and one network namespace, the accepting end
 // creates a sealed memfd (samehost_setup.cpp) holding a header and two rings, one for each
-// direction, and hands it with SCM_RIGHTS over a UNIX stream socket to the connecting end's
-// inbox. That socket stays as the link's wake-up and liveness channel: its one fd is what pollers
-// sleep on, a byte on it wakes the peer, and the kernel ends it when the peer's process goes.
+// direction, and a pipe for each end's wake-ups, and hands the memfd and the connecting end's
+// pipe ends with SCM_RIGHTS over a UNIX stream socket to the connecting end's inbox (the socket
+// is closed once they are across). Each end sleeps on the read end of its own pipe: its one fd
+// is what pollers sleep on. It wakes the peer with a byte into the peer's pipe, written through
+// a description of that pipe it opened itself with O_RDWR: as a reader of the pipe too, its
+// writes never meet a pipe without readers (no EPIPE, no SIGPIPE), and no flag the peer sets on
+// descriptions of its own (O_NONBLOCK) reaches it. That description is the only writer into the
+// other end's pipe, so when a process goes the kernel closes it and the peer's read end reports
+// the end: the liveness channel. A byte through a pipe costs about a third of what one through a
+// UNIX socket does (no buffer allocated and accounted for each).
 //
 // Each direction is a single-producer single-consumer ring. The producer copies bytes in at
 // tail and publishes tail; the consumer copies them out at head and publishes head: one copy in,
 // one copy out, no system call while both ends are busy. A side about to sleep sets its waiting
 // word (readerWaiting, writerWaiting) and looks again; the other side, after publishing, clears
-// it and sends one byte on the socket, so a wake-up costs a system call only when someone sleeps.
+// it and writes one byte into its pipe, so a wake-up costs a system call only when someone sleeps.
 // A writer asks for the room it waits for (a third of the ring, as the kernel wakes a writer),
 // so that a reader taking small pieces of a full ring does not wake it for each.
 //
@@ -87,11 +94,12 @@ public:
     // The connecting end: maps a memfd the peer sent after checking its seals, size and header.
     // -EPROTO for anything a well-behaved peer would not send.
     static int attach(int memfd, std::unique_ptr<SameHostLink> *out);
-    // The socket to the peer (the link owns it from now on).
-    void setSocket(int sock);
-    // In a fork child: the link is the parent's; its socket is closed here, its calls fail (EIO).
+    // The read end of this end's pipe (to sleep on) and this end's read-write description of the
+    // peer's pipe (to wake it): the link owns them from now on.
+    void setWakeFds(int sleepFd, int wakeFd);
+    // In a fork child: the link is the parent's; its fds are closed here, its calls fail (EIO).
     void forgetAfterFork();
-    int fd() const { return sock_; }
+    int fd() const { return sleepFd_; }
     uint64_t sendRing() const { return txSize_; }
     uint64_t recvRing() const { return rxSize_; }
 
@@ -143,9 +151,6 @@ public:
     // writes fail with EPIPE), or an abortive close; the peer is woken either way.
     void shutWr(bool closed = false);
     void reset();
-    // Close: the socket is shut down for both directions (a forked child's copy of it must not
-    // keep the peer from seeing the end).
-    void closeSocket();
     // The link failed locally (a bad index or flag from the peer): its error, 0 if none.
     int error() const { return err_.load(std::memory_order_acquire); }
     // Sender side (one sender at a time): when everything sent has been read, the send ring's
@@ -159,8 +164,8 @@ public:
 
     // Tests: the words of this end's receive direction, as a hostile peer would write them.
     shm::DirCtl *testRecvDir() { return rx_; }
-    // Tests: reads of the socket so far (each a system call).
-    uint64_t testSocketReads() const { return socketReads_.load(std::memory_order_relaxed); }
+    // Tests: reads of the pipe so far (each a system call).
+    uint64_t testWakeReads() const { return wakeReads_.load(std::memory_order_relaxed); }
     shm::DirCtl *testSendDir() { return tx_; }
 
 private:
@@ -176,7 +181,8 @@ private:
 
     uint8_t *mem_ = nullptr;
     size_t memSize_ = 0;
-    int sock_ = -1;
+    int sleepFd_ = -1;          // this end's pipe, read end
+    int wakeFd_ = -1;           // the peer's pipe, read-write
     shm::DirCtl *tx_ = nullptr; // this end produces
     shm::DirCtl *rx_ = nullptr; // this end consumes
     uint8_t *txRing_ = nullptr;
@@ -192,15 +198,15 @@ private:
     std::atomic<uint64_t> txHeadSeen_{0};
     std::atomic<uint64_t> myFlags_{0};
     std::atomic<uint64_t> peerFlagsSeen_{0};
-    std::atomic<bool> peerGone_{false}; // the socket ended: the peer closed or died
+    std::atomic<bool> peerGone_{false}; // the pipe ended: the peer's process went
     std::atomic<int> err_{0};
     std::atomic<int64_t> lastNoticeNs_{0};
     // The waiting words this end set and has not seen taken (arm()'s callers hold one lock),
-    // and whether a wake-up byte may wait on the socket: the peer took a word since the last
-    // read that found the socket empty.
+    // and whether a wake-up byte may wait in the pipe: the peer took a word since the last read
+    // that found the pipe empty.
     bool readWord_ = false, roomWord_ = false;
     std::atomic<bool> wakeOwed_{true};
-    std::atomic<uint64_t> socketReads_{0};
+    std::atomic<uint64_t> wakeReads_{0};
     // observe()'s last view.
     uint64_t seenTail_ = 0, seenHead_ = 0, seenFlags_ = 0;
     bool seenGone_ = false;

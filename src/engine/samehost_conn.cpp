@@ -37,7 +37,7 @@ int Connection::shCollectLocked(const wire::Hello &peer)
 
 void Connection::shConnectedLocked()
 {
-    // Nothing the fabric endpoint reports matters any more (the link's socket tells when the peer
+    // Nothing the fabric endpoint reports matters any more (the link's pipe tells when the peer
     // goes), so it is not progressed, armed, or watched.
     armed_.store(false, std::memory_order_relaxed);
     shFd_.store(sh_->fd(), std::memory_order_release);
@@ -322,7 +322,8 @@ void Connection::shCloseLocked(bool abortive)
         else
             sh_->shutWr(true);
     }
-    sh_->closeSocket();
+    // The link's fds stay until it is freed (another thread may still be waking the peer): the
+    // flags above tell the peer, and a fork child holds no copy of them (forgetAfterFork()).
 }
 
 int64_t Connection::shTimerLocked(int64_t now)

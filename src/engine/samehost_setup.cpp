@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fcntl.h>
 #include <mutex>
 #include <poll.h>
 #include <pthread.h>
@@ -43,15 +44,38 @@ socklen_t inboxAddress(uint32_t id, sockaddr_un *a)
     return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
 }
 
-// What arrived at the inbox and is not collected yet: a socket whose token and memfd were read
-// (memfd >= 0), or one accepted before its sender wrote them.
+// What arrived at the inbox and is not collected yet: a socket whose token and fds were read
+// (memfd >= 0; the socket is closed then), or one accepted before its sender wrote them.
 struct Arrival
 {
     int sock;
     int memfd;
     uint64_t token;
     int64_t sinceNs;
+    int sleepFd = -1; // this end's pipe, as the sender made it
+    int peerFd = -1;  // an end of the peer's pipe
 };
+
+// The fds an arrival carries, in this order: the region, the read end of the connecting end's
+// pipe, the write end of the accepting end's.
+constexpr int kArrivalFds = 3;
+
+void closeArrival(const Arrival &a)
+{
+    for (int fd : {a.sock, a.memfd, a.sleepFd, a.peerFd})
+        if (fd >= 0)
+            sys::close(fd);
+}
+
+// This process's own description of a pipe end the peer sent (a pipe, or -EPROTO): the peer keeps
+// its own, whose flags it may change (clearing O_NONBLOCK would make a write or read here block).
+int ownPipeEnd(int fd, int flags)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISFIFO(st.st_mode))
+        return -EPROTO;
+    return sys::reopen(fd, flags | O_NONBLOCK);
+}
 
 constexpr size_t kMaxArrivals = 256;
 constexpr int64_t kArrivalTtlNs = 30'000'000'000;
@@ -90,7 +114,7 @@ public:
     }
 
     // The arrival with this token, taken out: 0, or -EAGAIN when it is not there (yet).
-    int take(uint64_t token, int *sock, int *memfd)
+    int take(uint64_t token, Arrival *out)
     {
         std::lock_guard<std::mutex> lock(mutex_);
         if (fd_ < 0)
@@ -111,8 +135,7 @@ public:
                 continue;
             }
             if (a.memfd >= 0 && a.token == token) {
-                *sock = a.sock;
-                *memfd = a.memfd;
+                *out = a;
                 arrivals_.erase(arrivals_.begin() + static_cast<long>(i));
                 return 0;
             }
@@ -136,11 +159,8 @@ public:
             sys::close(fd_);
         fd_ = -1;
         failed_ = false;
-        for (Arrival &a : arrivals_) {
-            sys::close(a.sock);
-            if (a.memfd >= 0)
-                sys::close(a.memfd);
-        }
+        for (Arrival &a : arrivals_)
+            closeArrival(a);
         arrivals_.clear();
     }
 
@@ -183,37 +203,41 @@ private:
         const ssize_t r = sys::recvmsg(a->sock, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
         if (r == -EAGAIN)
             return -EAGAIN;
-        int memfd = -1, extra = 0;
+        int fds[kArrivalFds], n = 0, extra = 0;
         for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
             if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
                 continue;
-            const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-            for (size_t i = 0; i < n; i++) {
+            const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (size_t i = 0; i < k; i++) {
                 int fd;
                 std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(fd));
-                if (memfd < 0)
-                    memfd = fd;
-                else {
+                if (n < kArrivalFds) {
+                    fds[n++] = fd;
+                } else {
                     sys::close(fd);
                     extra++;
                 }
             }
         }
-        if (r != sizeof(token) || memfd < 0 || extra || (m.msg_flags & MSG_CTRUNC) || !token) {
-            if (memfd >= 0)
-                sys::close(memfd);
+        if (r != sizeof(token) || n != kArrivalFds || extra || (m.msg_flags & MSG_CTRUNC) ||
+            !token) {
+            for (int i = 0; i < n; i++)
+                sys::close(fds[i]);
             return -EPROTO;
         }
-        a->memfd = memfd;
+        // The sender's socket has done its part: what stays are the fds.
+        sys::close(a->sock);
+        a->sock = -1;
+        a->memfd = fds[0];
+        a->sleepFd = fds[1];
+        a->peerFd = fds[2];
         a->token = token;
         return 0;
     }
 
     void dropLocked(size_t i)
     {
-        sys::close(arrivals_[i].sock);
-        if (arrivals_[i].memfd >= 0)
-            sys::close(arrivals_[i].memfd);
+        closeArrival(arrivals_[i]);
         arrivals_.erase(arrivals_.begin() + static_cast<long>(i));
     }
 
@@ -245,7 +269,11 @@ uint32_t sameHostKey()
     struct stat st;
     if (boot.empty() || stat("/proc/self/ns/net", &st) < 0)
         return 0;
+    // And the setup's format (kArrivalFds: what an inbox takes), so that two builds that set
+    // links up differently never offer each other one: their connections stay on the fabric.
+    const uint32_t format = kArrivalFds;
     uint32_t h = fnv(2166136261u, boot.data(), boot.size());
+    h = fnv(h, &format, sizeof(format));
     h = fnv(h, &st.st_dev, sizeof(st.st_dev));
     h = fnv(h, &st.st_ino, sizeof(st.st_ino));
     return h ? h : 1;
@@ -274,10 +302,25 @@ int acceptSameHost(const wire::Hello &peer, uint64_t ringSize, std::unique_ptr<S
     int r = SameHostLink::create(ringSize, ringSize, &memfd, &link);
     if (r < 0)
         return r;
-    int s = sys::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (s < 0) {
-        sys::close(memfd);
-        return s;
+    // mine: this end sleeps on its read end; theirs: the peer's. Each end writes into the
+    // other's through a read-write description of its own, the only writer left once the
+    // ends sent are closed here.
+    int mine[2] = {-1, -1}, theirs[2] = {-1, -1}, wake = -1, s = -1;
+    auto closeAll = [&] {
+        for (int fd : {memfd, mine[1], theirs[0], theirs[1], s})
+            if (fd >= 0)
+                sys::close(fd);
+    };
+    if ((r = sys::pipe2(mine, O_NONBLOCK | O_CLOEXEC)) < 0 ||
+        (r = sys::pipe2(theirs, O_NONBLOCK | O_CLOEXEC)) < 0 ||
+        (r = wake = sys::reopen(theirs[0], O_RDWR | O_NONBLOCK)) < 0 ||
+        (r = s = sys::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)) < 0) {
+        closeAll();
+        for (int fd : {mine[0], wake})
+            if (fd >= 0)
+                sys::close(fd);
+        RS_LOG(Debug, "same-host: no pipes (%s): staying on the fabric", strerror(-r));
+        return r;
     }
     sockaddr_un a;
     socklen_t len = inboxAddress(peer.inbox, &a);
@@ -286,7 +329,8 @@ int acceptSameHost(const wire::Hello &peer, uint64_t ringSize, std::unique_ptr<S
     if (r == 0) {
         uint64_t token = peer.token;
         iovec iov{&token, sizeof(token)};
-        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+        const int fds[kArrivalFds] = {memfd, theirs[0], mine[1]};
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(fds))] = {};
         msghdr m{};
         m.msg_iov = &iov;
         m.msg_iovlen = 1;
@@ -295,19 +339,22 @@ int acceptSameHost(const wire::Hello &peer, uint64_t ringSize, std::unique_ptr<S
         cmsghdr *c = CMSG_FIRSTHDR(&m);
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
+        c->cmsg_len = CMSG_LEN(sizeof(fds));
+        std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
         const ssize_t n = sys::sendmsg(s, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
         r = n == sizeof(token) ? 0 : (n < 0 ? static_cast<int>(n) : -EIO);
     }
-    sys::close(memfd); // the mapping keeps the region; the peer has its own fd
+    // The mapping keeps the region, and the peer has its own fds: what was sent waits in the
+    // inbox with its data after the socket is closed.
+    closeAll();
     if (r < 0) {
         RS_LOG(Debug, "same-host: peer's inbox not reachable (%s): staying on the fabric",
                strerror(-r));
-        sys::close(s);
+        sys::close(mine[0]);
+        sys::close(wake);
         return r;
     }
-    link->setSocket(s);
+    link->setWakeFds(mine[0], wake);
     *out = std::move(link);
     return 0;
 }
@@ -315,9 +362,9 @@ int acceptSameHost(const wire::Hello &peer, uint64_t ringSize, std::unique_ptr<S
 int collectSameHost(uint64_t token, int timeoutMs, std::unique_ptr<SameHostLink> *out)
 {
     const int64_t deadline = nowNs() + int64_t(timeoutMs) * 1000000;
-    int sock = -1, memfd = -1;
+    Arrival a{-1, -1, 0, 0};
     for (;;) {
-        int r = Inbox::instance().take(token, &sock, &memfd);
+        int r = Inbox::instance().take(token, &a);
         if (r == 0)
             break;
         if (r != -EAGAIN)
@@ -329,13 +376,16 @@ int collectSameHost(uint64_t token, int timeoutMs, std::unique_ptr<SameHostLink>
         (void)sys::poll(&p, 1, static_cast<int>(std::min<int64_t>(left / 1000000 + 1, 10)));
     }
     std::unique_ptr<SameHostLink> link;
-    int r = SameHostLink::attach(memfd, &link);
-    sys::close(memfd);
-    if (r < 0) {
-        sys::close(sock);
-        return r;
+    int r = SameHostLink::attach(a.memfd, &link);
+    const int sleepFd = r < 0 ? r : ownPipeEnd(a.sleepFd, O_RDONLY);
+    const int wakeFd = sleepFd < 0 ? sleepFd : ownPipeEnd(a.peerFd, O_RDWR);
+    closeArrival(a);
+    if (r < 0 || sleepFd < 0 || wakeFd < 0) {
+        if (sleepFd >= 0)
+            sys::close(sleepFd);
+        return r < 0 ? r : (sleepFd < 0 ? sleepFd : wakeFd);
     }
-    link->setSocket(sock);
+    link->setWakeFds(sleepFd, wakeFd);
     *out = std::move(link);
     return 0;
 }

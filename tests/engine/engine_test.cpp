@@ -583,12 +583,17 @@ TEST_P(EngineTest, FewFileDescriptorsPerConnection)
     for (int i = 0; i < n; i++)
         clients.push_back(connect(settings()));
     acceptor.join();
+    // Same-host: the first call after the setup closes its endpoint, leaving the link's pipes.
+    if (GetParam().sameHost)
+        for (auto *v : {&conns, &clients})
+            for (auto &c : *v)
+                (void)c->peekRecv();
     const int perConnection = (countFds() - before) / (2 * n);
     RecordProperty("fds_per_connection", perConnection);
     // With a wait set: the provider's socket and the set's epoll fd and signal pair. Strict mode
     // does without wait sets, as verbs must: on tcp the CQ and the EQ then each have an epoll fd
     // and a signal pair, and the connection an epoll fd over both.
-    EXPECT_LE(perConnection, settings().strict ? 8 : 5);
+    EXPECT_LE(perConnection, GetParam().sameHost ? 2 : settings().strict ? 8 : 5);
 }
 
 TEST_P(EngineTest, PeerWithBadHelloIsRejected)

@@ -49,41 +49,6 @@ int regionMappings()
     return n;
 }
 
-// A UNIX stream socket connected to this process's inbox, as any local process can make one.
-int connectInbox(const std::string &name)
-{
-    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::memcpy(a.sun_path + 1, name.data(), name.size());
-    if (::connect(fd, reinterpret_cast<sockaddr *>(&a),
-                  socklen_t(offsetof(sockaddr_un, sun_path) + 1 + name.size())) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-// What an accepting end sends to an inbox: the token, and memfd when it is >= 0.
-ssize_t sendArrival(int fd, uint64_t token, int memfd)
-{
-    iovec iov{&token, sizeof(token)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    if (memfd >= 0) {
-        m.msg_control = control;
-        m.msg_controllen = sizeof(control);
-        cmsghdr *cm = CMSG_FIRSTHDR(&m);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        std::memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
-    }
-    return sendmsg(fd, &m, MSG_NOSIGNAL);
-}
-
 TEST_F(SameHost, ChosenWhenBothEndsAllowIt)
 {
     Settings on = settings(), off = settings();
@@ -162,42 +127,6 @@ TEST_F(SameHost, ThirdProcessCannotReachTheRegion)
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     ASSERT_TRUE(WIFEXITED(status));
     EXPECT_EQ(WEXITSTATUS(status), 0) << "2: no setuid, 3: a mapping opened, 4: an fd visible";
-}
-
-TEST_F(SameHost, ForgedArrivalsAtTheInboxAreNotTaken)
-{
-    auto [c0, s0] = pair(); // the inbox exists from the first offer on
-    ASSERT_TRUE(c0 && s0);
-    const std::string name = sameHostInboxName();
-    ASSERT_FALSE(name.empty());
-    // A third party knows the inbox's name (abstract sockets are listed in /proc/net/unix) and
-    // sends regions of its own, with tokens it made up.
-    std::vector<int> forged;
-    for (int i = 0; i < 4; i++) {
-        const int fd = connectInbox(name);
-        ASSERT_GE(fd, 0);
-        const int memfd = memfd_create("forged", MFD_CLOEXEC);
-        // Half of them without a region at all.
-        ASSERT_EQ(sendArrival(fd, 0x1234 + i, i % 2 == 0 ? memfd : -1), ssize_t(sizeof(uint64_t)));
-        close(memfd);
-        forged.push_back(fd);
-    }
-    std::unique_ptr<SameHostLink> link;
-    EXPECT_EQ(collectSameHost(0x1235, 100, &link), -ETIMEDOUT); // sent without a region
-    // An unsealed region is refused, even under a token that matches.
-    EXPECT_EQ(collectSameHost(0x1234, 100, &link), -EPROTO);
-    EXPECT_FALSE(link);
-    // Real connections go on being made, each with its own region.
-    for (int i = 0; i < 3; i++) {
-        auto [c, s] = pair();
-        ASSERT_TRUE(c && s);
-        ASSERT_EQ(s->send("real", 4), 4);
-        char buf[4];
-        ASSERT_EQ(c->recv(buf, 4, kWaitAll, 5000), 4);
-        EXPECT_EQ(std::memcmp(buf, "real", 4), 0);
-    }
-    for (int fd : forged)
-        close(fd);
 }
 
 // A peer writes the shared words of a direction badly: its connection is reset, the bytes
@@ -376,8 +305,8 @@ int openFds()
 }
 
 // Once a same-host link is up, the fabric endpoint of the setup is closed and its rings freed:
-// an idle connection holds its link's socket and the pages its rings touched.
-TEST_F(SameHost, IdleConnectionsHoldOneDescriptorAndLittleMemory)
+// an idle connection holds its link's two pipe fds and the pages its rings touched.
+TEST_F(SameHost, IdleConnectionsHoldTwoDescriptorsAndLittleMemory)
 {
     constexpr int kPairs = 100;
     std::vector<std::pair<std::unique_ptr<Connection>, std::unique_ptr<Connection>>> pairs;
@@ -403,7 +332,7 @@ TEST_F(SameHost, IdleConnectionsHoldOneDescriptorAndLittleMemory)
     RecordProperty("rss_kib_per_end", std::to_string(kibPerEnd));
     std::printf("idle same-host connection end: %.2f fds, %.1f KiB resident\n", fdsPerEnd,
                 kibPerEnd);
-    EXPECT_LE(fdsPerEnd, 1.01) << "the setup's endpoint was not closed";
+    EXPECT_LE(fdsPerEnd, 2.01) << "the setup's endpoint or socket was not closed";
     // Each end maps the region (its touched pages count in each mapping): the header and a page
     // of each ring, 12 KiB, plus the connection's own structures. (Sanitizers' shadow memory
     // and quarantine make RSS meaningless there.)
@@ -554,38 +483,6 @@ TEST_F(SameHost, BlockedWriterWakesForAThirdOfTheRing)
         EXPECT_EQ(sent.load(), ssize_t(out.size()));
         EXPECT_EQ(in, out);
     }
-}
-
-} // namespace
-} // namespace rstream
-
-namespace rstream {
-namespace {
-
-// A sender's connect and its write are two steps: an arrival accepted in between is kept until
-// the write comes (and taken then), not dropped as if it had sent nothing.
-TEST_F(SameHost, ArrivalAcceptedBeforeItsWriteIsKept)
-{
-    auto [c0, s0] = pair(); // the inbox exists from the first offer on
-    ASSERT_TRUE(c0 && s0);
-    const std::string name = sameHostInboxName();
-    ASSERT_FALSE(name.empty());
-    const int fd = connectInbox(name);
-    ASSERT_GE(fd, 0);
-    const uint64_t token = 0x5eed5eed5eed5eedull;
-    std::unique_ptr<SameHostLink> link;
-    // The inbox accepts the silent socket while it looks for this token.
-    EXPECT_EQ(collectSameHost(token, 50, &link), -ETIMEDOUT);
-    // Then the sender writes: a region as an accepting end makes it, under the token.
-    int memfd = -1;
-    std::unique_ptr<SameHostLink> mine;
-    ASSERT_EQ(SameHostLink::create(shm::kMinRing, shm::kMinRing, &memfd, &mine), 0);
-    ASSERT_EQ(sendArrival(fd, token, memfd), ssize_t(sizeof(token)));
-    close(memfd);
-    ASSERT_EQ(collectSameHost(token, 1000, &link), 0);
-    ASSERT_TRUE(link);
-    EXPECT_EQ(link->recvRing(), shm::kMinRing);
-    close(fd);
 }
 
 } // namespace

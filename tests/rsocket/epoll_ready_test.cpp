@@ -192,7 +192,7 @@ TEST_P(EpollReady, ProgressOutsideTheWaitWakesTheMember)
 // reported each time, and data for it while it is out is neither reported nor ends a wait early
 // (its wait fd may stay in the hint epoll, under a key no member has). Same-host: a member whose
 // request its peer read (a change the look sees, with no wake-up byte) parks again without
-// reading its link's socket.
+// reading its link's pipe.
 TEST_P(EpollReady, MemberTakenOutAndPutBackIsReportedEachTime)
 {
     connectPairs(2);
@@ -221,7 +221,7 @@ TEST_P(EpollReady, MemberTakenOutAndPutBackIsReportedEachTime)
     ASSERT_TRUE(parked(2));
     SameHostLink *link = member->connection()->testSameHostLink();
     ASSERT_NE(link, nullptr);
-    const uint64_t reads = link->testSocketReads();
+    const uint64_t reads = link->testWakeReads();
     for (int round = 0; round < 20; round++) {
         sendByte(*member);
         char b;
@@ -232,7 +232,7 @@ TEST_P(EpollReady, MemberTakenOutAndPutBackIsReportedEachTime)
         ASSERT_EQ(set_->ctl(EPOLL_CTL_ADD, 1000, &ev, member), 0);
         ASSERT_TRUE(parked(2));
     }
-    EXPECT_EQ(link->testSocketReads(), reads) << "parked again with no wake-up owed";
+    EXPECT_EQ(link->testWakeReads(), reads) << "parked again with no wake-up owed";
     EXPECT_GE(set_->looks(), 20u);
 }
 

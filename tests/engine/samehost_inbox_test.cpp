@@ -1,0 +1,161 @@
+// SPDX-License-Identifier: MIT
+// A process's same-host inbox: what a third party sends there is never taken for a link, and an
+// honest sender's arrival is taken whenever its bytes come.
+
+#include <cstring>
+#include <fcntl.h>
+#include <string>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine_fixture.h"
+#include "samehost.h"
+#include "samehost_setup.h"
+
+namespace rstream {
+namespace {
+
+class SameHostInbox : public EngineTest
+{
+protected:
+    Settings settings() const
+    {
+        Settings s;
+        s.provider = "tcp";
+        s.sameHost = true;
+        return s;
+    }
+    auto pair() { return EngineTest::pair(settings(), settings()); }
+};
+// A UNIX stream socket connected to this process's inbox, as any local process can make one.
+int connectInbox(const std::string &name)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path + 1, name.data(), name.size());
+    if (::connect(fd, reinterpret_cast<sockaddr *>(&a),
+                  socklen_t(offsetof(sockaddr_un, sun_path) + 1 + name.size())) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+// What an accepting end sends to an inbox: the token, and when memfd >= 0 the region and the
+// two pipe ends (pipes false: the region three times, no pipe at all).
+ssize_t sendArrival(int fd, uint64_t token, int memfd, bool pipes = true)
+{
+    iovec iov{&token, sizeof(token)};
+    int fds[3] = {memfd, memfd, memfd};
+    int a[2] = {-1, -1}, b[2] = {-1, -1};
+    if (memfd >= 0 && pipes && (pipe2(a, O_CLOEXEC) < 0 || pipe2(b, O_CLOEXEC) < 0))
+        return -1;
+    if (pipes) {
+        fds[1] = a[0];
+        fds[2] = b[1];
+    }
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(fds))] = {};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    if (memfd >= 0) {
+        m.msg_control = control;
+        m.msg_controllen = sizeof(control);
+        cmsghdr *cm = CMSG_FIRSTHDR(&m);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(fds));
+        std::memcpy(CMSG_DATA(cm), fds, sizeof(fds));
+    }
+    const ssize_t r = sendmsg(fd, &m, MSG_NOSIGNAL);
+    for (int p : {a[0], a[1], b[0], b[1]})
+        if (p >= 0)
+            close(p);
+    return r;
+}
+TEST_F(SameHostInbox, ForgedArrivalsAtTheInboxAreNotTaken)
+{
+    auto [c0, s0] = pair(); // the inbox exists from the first offer on
+    ASSERT_TRUE(c0 && s0);
+    const std::string name = sameHostInboxName();
+    ASSERT_FALSE(name.empty());
+    // A third party knows the inbox's name (abstract sockets are listed in /proc/net/unix) and
+    // sends regions of its own, with tokens it made up.
+    std::vector<int> forged;
+    for (int i = 0; i < 4; i++) {
+        const int fd = connectInbox(name);
+        ASSERT_GE(fd, 0);
+        const int memfd = memfd_create("forged", MFD_CLOEXEC);
+        // Half of them without a region at all.
+        ASSERT_EQ(sendArrival(fd, 0x1234 + i, i % 2 == 0 ? memfd : -1), ssize_t(sizeof(uint64_t)));
+        close(memfd);
+        forged.push_back(fd);
+    }
+    std::unique_ptr<SameHostLink> link;
+    EXPECT_EQ(collectSameHost(0x1235, 100, &link), -ETIMEDOUT); // sent without a region
+    // An unsealed region is refused, even under a token that matches.
+    EXPECT_EQ(collectSameHost(0x1234, 100, &link), -EPROTO);
+    EXPECT_FALSE(link);
+    // So is a good region whose wake-up ends are not pipes.
+    {
+        const int fd = connectInbox(name);
+        ASSERT_GE(fd, 0);
+        int memfd = -1;
+        std::unique_ptr<SameHostLink> mine;
+        ASSERT_EQ(SameHostLink::create(shm::kMinRing, shm::kMinRing, &memfd, &mine), 0);
+        ASSERT_EQ(sendArrival(fd, 0x4321, memfd, false), ssize_t(sizeof(uint64_t)));
+        close(memfd);
+        EXPECT_EQ(collectSameHost(0x4321, 1000, &link), -EPROTO);
+        EXPECT_FALSE(link);
+        forged.push_back(fd);
+    }
+    // Real connections go on being made, each with its own region.
+    for (int i = 0; i < 3; i++) {
+        auto [c, s] = pair();
+        ASSERT_TRUE(c && s);
+        ASSERT_EQ(s->send("real", 4), 4);
+        char buf[4];
+        ASSERT_EQ(c->recv(buf, 4, kWaitAll, 5000), 4);
+        EXPECT_EQ(std::memcmp(buf, "real", 4), 0);
+    }
+    for (int fd : forged)
+        close(fd);
+}
+
+// A sender's connect and its write are two steps: an arrival accepted in between is kept until
+// the write comes (and taken then), not dropped as if it had sent nothing.
+TEST_F(SameHostInbox, ArrivalAcceptedBeforeItsWriteIsKept)
+{
+    auto [c0, s0] = pair(); // the inbox exists from the first offer on
+    ASSERT_TRUE(c0 && s0);
+    const std::string name = sameHostInboxName();
+    ASSERT_FALSE(name.empty());
+    const int fd = connectInbox(name);
+    ASSERT_GE(fd, 0);
+    const uint64_t token = 0x5eed5eed5eed5eedull;
+    std::unique_ptr<SameHostLink> link;
+    // The inbox accepts the silent socket while it looks for this token.
+    EXPECT_EQ(collectSameHost(token, 50, &link), -ETIMEDOUT);
+    // Then the sender writes: a region as an accepting end makes it, under the token.
+    int memfd = -1;
+    std::unique_ptr<SameHostLink> mine;
+    ASSERT_EQ(SameHostLink::create(shm::kMinRing, shm::kMinRing, &memfd, &mine), 0);
+    ASSERT_EQ(sendArrival(fd, token, memfd), ssize_t(sizeof(token)));
+    close(memfd);
+    ASSERT_EQ(collectSameHost(token, 1000, &link), 0);
+    ASSERT_TRUE(link);
+    EXPECT_EQ(link->recvRing(), shm::kMinRing);
+    // The sender's pipes are blocking (sendArrival() makes them so): the link reads and writes
+    // through descriptions of its own, nonblocking whatever the sender does with its own.
+    EXPECT_TRUE(fcntl(link->fd(), F_GETFL) & O_NONBLOCK);
+    close(fd);
+}
+
+} // namespace
+} // namespace rstream
