@@ -130,19 +130,16 @@ public:
     // reads the state as it is. Any other look, or one whose fd was readable, makes progress.
     int hintFd() const
     {
-        // A same-host link's fd is readable exactly while wake-up bytes (or its end) wait: a
-        // pass that finds it quiet lets arm() skip reading them (a system call a connection).
-        // Only links armed since their last change: the busy ones would only cost the check.
+        // A same-host link's fd while armed since its last change, for epoll to park on. A poll
+        // or select pass leaves it out (passHintFd()): the link's look reads shared memory, where
+        // a check of its fd would cost a system call at every look, even one answered at once.
         if (shOn_.load(std::memory_order_acquire))
             return shArmed_.load(std::memory_order_relaxed) ? shFd_.load(std::memory_order_acquire)
                                                             : -1;
         return armed_.load(std::memory_order_acquire) ? waitFd_ : -1;
     }
-    void hintQuiet()
-    {
-        hintPass_.store(tHintPass, std::memory_order_relaxed);
-        shQuiet_.store(true, std::memory_order_relaxed);
-    }
+    int passHintFd() const { return shOn_.load(std::memory_order_acquire) ? -1 : hintFd(); }
+    void hintQuiet() { hintPass_.store(tHintPass, std::memory_order_relaxed); }
     class HintPass
     {
     public:
@@ -590,7 +587,6 @@ private:
     std::atomic<bool> shOn_{false};
     std::atomic<int> shFd_{-1};         // the link's fd, once pollers sleep on it
     std::atomic<bool> shShutRd_{false}; // SHUT_RD, read by the receiver without mutex_
-    std::atomic<bool> shQuiet_{false};  // a poller found the link's fd not readable since arm()
     std::atomic<bool> shArmed_{false};  // armed, and no change looked at since
     uint64_t shToken_ = 0;              // the offer this end made or took
     std::atomic<uint64_t> bytesSent_{0};

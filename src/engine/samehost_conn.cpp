@@ -131,16 +131,10 @@ int Connection::shArmLocked(bool fdSeen)
     // Woken for room only while poll would not report POLLOUT (a third of the ring free).
     const uint64_t room = sh_->writableRoom();
     const uint64_t want = space >= 0 && uint64_t(space) < room ? room : 0;
-    // A poller that found the link's fd not readable (hintQuiet()) saves the read: a byte that
-    // came since makes its sleep end at once, and its next look finds the fd readable. One that
-    // has not seen it readable since its last arm (epoll parking a member it did not see woken)
-    // reads it only for a wake-up the peer owes.
+    // A poller that has not seen the link's fd readable since its last arm (epoll parking a
+    // member it did not see woken) reads it only for a wake-up the peer owes.
     using Drain = SameHostLink::Drain;
-    const bool quiet = shQuiet_.exchange(false, std::memory_order_relaxed);
-    const int r = sh_->arm(true, want, &drained,
-                           quiet    ? Drain::Never
-                           : fdSeen ? Drain::Always
-                                    : Drain::IfOwed);
+    const int r = sh_->arm(true, want, &drained, fdSeen ? Drain::Always : Drain::IfOwed);
     if (shArmed_.exchange(r == 0, std::memory_order_relaxed) && r != 0)
         notifyWatchesLocked();
     if (drained) {

@@ -86,7 +86,7 @@ private:
 void HintCheck::add(Pollable &s)
 {
     if (auto c = s.hintConnection()) {
-        if (const int fd = c->hintFd(); fd >= 0) {
+        if (const int fd = c->passHintFd(); fd >= 0) {
             conns_.push_back(std::move(c));
             fds_.push_back({fd, POLLIN, 0});
         }

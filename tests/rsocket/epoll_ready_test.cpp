@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: MIT
 // epoll's ready list (src/socket/epoll_ready.cpp): a wait looks only at the members that may be
 // ready, as the kernel's does, and still reports every event: data that arrives at a parked
-// member, progress another thread made on it, a member closed and its number reused.
+// member, progress another thread made on it, a member closed and its number reused. And what a
+// poll's look at an idle same-host member costs (src/socket/poller.cpp).
 
+#include <atomic>
 #include <chrono>
 #include <fcntl.h>
 #include <memory>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <thread>
 #include <unistd.h>
@@ -377,6 +380,50 @@ TEST_P(EpollReady, ProgramNestingAsDeepAsTheKernelAllowsStillWorks)
     close(p[1]);
     for (int e : chain)
         sys::close(e);
+}
+
+std::atomic<int> gPpolls{0};
+int countingPpoll(pollfd *fds, nfds_t n, const timespec *t, const sigset_t *mask)
+{
+    gPpolls++;
+    return ::ppoll(fds, n, t, mask);
+}
+std::shared_ptr<Pollable> gPollMembers[2];
+std::shared_ptr<Pollable> pollMember(int fd)
+{
+    return fd >= 1000 && fd < 1002 ? gPollMembers[fd - 1000] : nullptr;
+}
+
+// poll and select over shim sockets only (iperf3's client: its control and data connections):
+// an idle same-host member, armed by an earlier sleep, is looked at in shared memory, without
+// the system call a check of its fd would cost, and a poll answered at once makes none at all.
+TEST_P(EpollReady, PollOfAnIdleSameHostMemberMakesNoSystemCall)
+{
+    if (!GetParam().sameHost)
+        GTEST_SKIP() << "a fabric member's armed fd is checked: that spares the provider's calls";
+    connectPairs(2);
+    gPollMembers[0] = pairs_[0].second; // idle
+    gPollMembers[1] = pairs_[1].first;  // writable
+    pollfd idle{1000, POLLIN, 0};
+    // Times out: the member was armed before the sleep.
+    ASSERT_EQ(pollFds(&idle, 1, 30, nullptr, pollMember, 0), 0);
+    static sys::Calls table = [] {
+        sys::Calls t = sys::kLibc;
+        t.ppoll = countingPpoll;
+        return t;
+    }();
+    sys::bind(&table);
+    gPpolls = 0;
+    pollfd both[2] = {{1000, POLLIN, 0}, {1001, POLLOUT, 0}};
+    const int r = pollFds(both, 2, 1000, nullptr, pollMember, 0);
+    const int ppolls = gPpolls.load();
+    sys::bind(&sys::kLibc);
+    gPollMembers[0].reset();
+    gPollMembers[1].reset();
+    EXPECT_EQ(r, 1);
+    EXPECT_EQ(both[0].revents, 0);
+    EXPECT_EQ(both[1].revents, POLLOUT);
+    EXPECT_EQ(ppolls, 0) << "the look checked the idle member's fd";
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, EpollReady, ::testing::ValuesIn(kModes),
