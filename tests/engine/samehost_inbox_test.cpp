@@ -13,25 +13,15 @@
 
 #include <gtest/gtest.h>
 
-#include "engine_fixture.h"
 #include "samehost.h"
+#include "samehost_fixture.h"
 #include "samehost_setup.h"
 
 namespace rstream {
 namespace {
 
-class SameHostInbox : public EngineTest
-{
-protected:
-    Settings settings() const
-    {
-        Settings s;
-        s.provider = "tcp";
-        s.sameHost = true;
-        return s;
-    }
-    auto pair() { return EngineTest::pair(settings(), settings()); }
-};
+class SameHostInbox : public SameHostTest
+{};
 // A UNIX stream socket connected to this process's inbox, as any local process can make one.
 int connectInbox(const std::string &name)
 {

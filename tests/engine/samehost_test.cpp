@@ -19,24 +19,14 @@
 
 #include <gtest/gtest.h>
 
-#include "engine_fixture.h"
+#include "samehost_fixture.h"
 #include "samehost_setup.h"
 
 namespace rstream {
 namespace {
 
-class SameHost : public EngineTest
-{
-protected:
-    Settings settings() const
-    {
-        Settings s;
-        s.provider = "tcp";
-        s.sameHost = true;
-        return s;
-    }
-    auto pair() { return EngineTest::pair(settings(), settings()); }
-};
+class SameHost : public SameHostTest
+{};
 
 // Mappings of same-host regions in this process.
 int regionMappings()

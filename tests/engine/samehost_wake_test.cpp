@@ -10,23 +10,14 @@
 
 #include <gtest/gtest.h>
 
-#include "engine_fixture.h"
 #include "samehost.h"
+#include "samehost_fixture.h"
 
 namespace rstream {
 namespace {
 
-class SameHostWake : public EngineTest
-{
-protected:
-    Settings settings() const
-    {
-        Settings s;
-        s.provider = "tcp";
-        s.sameHost = true;
-        return s;
-    }
-};
+class SameHostWake : public SameHostTest
+{};
 
 bool fdReadable(int fd)
 {
@@ -45,7 +36,7 @@ int armUnseen(Connection &c)
 
 TEST_F(SameHostWake, ArmReadsThePipeOnlyForAnOwedWakeUp)
 {
-    auto [c, s] = pair(settings(), settings());
+    auto [c, s] = pair();
     ASSERT_TRUE(c && s);
     SameHostLink *link = s->testSameHostLink();
     ASSERT_NE(link, nullptr);
