@@ -129,14 +129,12 @@ public:
     // and returns -EAGAIN when something changed since the last observe() (look again instead
     // of sleeping). *drained: wake-up bytes were read, which other sleepers on the same fd may
     // have been woken for. mode says when the wake-up bytes are read: Always (the caller saw
-    // fd() readable, or cannot tell), IfOwed (it has not seen fd() readable since its last arm:
-    // read only where the peer took a waiting word of this end's, as it then writes a byte), or
-    // Never (it just found fd() not readable: no bytes to read, no end to notice).
+    // fd() readable, or cannot tell) or IfOwed (it has not seen fd() readable since its last
+    // arm: read only where the peer took a waiting word of this end's, as it then writes a byte).
     enum class Drain
     {
         Always,
-        IfOwed,
-        Never
+        IfOwed
     };
     int arm(bool read, uint64_t room, bool *drained, Drain mode = Drain::Always);
     // The room a writer waits for: a third of the ring, when poll reports POLLOUT (as Linux's
