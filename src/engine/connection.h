@@ -125,7 +125,7 @@ public:
     // that finds nothing new arms the wait fd, and until that fd turns readable nothing can be
     // pending in the provider: a look then needs no progress call (on tcp a system call per
     // connection and look). A poller starts a pass (HintPass), checks the armed wait fds of all
-    // its connections (hintFd(): the fd while armed, else -1) in one system call, and calls
+    // its connections (passHintFd(): the fd while armed, else -1) in one system call, and calls
     // hintQuiet() for each fd found not readable; peek() on this thread within that pass then
     // reads the state as it is. Any other look, or one whose fd was readable, makes progress.
     int hintFd() const
