@@ -9,6 +9,7 @@
 #include <sys/uio.h>
 
 #include "clock.h"
+#include "connection.h"
 #include "wire.h"
 
 namespace rstream {
@@ -17,6 +18,15 @@ namespace rstream {
 constexpr int kSendDrained = 1 << 8;
 // waitFor(): every window withdrawal queued so far is answered, or the connection is down.
 constexpr int kWithdrawn = 1 << 10;
+
+// The spin cap of a blocking wait for events: none for a wait only for room (a blocking send,
+// a drain, a connect), which the peer frees a little at a time; a spin that caught each
+// piece would burn a CPU for small writes, while the wake-up comes at a third of the ring
+// with the rest still keeping the reader busy (poller.cpp says the same of poll's waits).
+inline int64_t spinCapNs(int events, uint32_t pollUs)
+{
+    return events & ~(kWritable | kSendDrained) ? int64_t(pollUs) * 1000 : 0;
+}
 
 inline int64_t deadlineFor(int timeoutMs)
 {

@@ -147,7 +147,7 @@ int Connection::shArmLocked(bool fdSeen)
 
 int Connection::shWaitFor(int events, int64_t deadlineNs)
 {
-    const int64_t capNs = int64_t(settings_.pollUs) * 1000;
+    const int64_t capNs = spinCapNs(events, settings_.pollUs);
     int64_t missNs = 0, spinEnd = 0;
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {

@@ -72,7 +72,7 @@ int Connection::wait(int events, int timeoutMs)
 
 int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
 {
-    const int64_t capNs = int64_t(settings_.pollUs) * 1000;
+    const int64_t capNs = spinCapNs(events, settings_.pollUs);
     int64_t missNs = 0, spinEnd = 0;
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {

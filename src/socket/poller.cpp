@@ -4,6 +4,7 @@
 #include "poller.h"
 #include "poller_internal.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <sched.h>
 
@@ -173,7 +174,7 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
     int64_t start = 0, deadline = -1;
     const int64_t capNs = int64_t(spinUs) * 1000;
     int64_t spinEnd = 0;
-    bool missed = false;
+    bool missed = false, roomWait = false;
 
     auto &lookFds = sc.lookFds; // the kernel fds, then the hint fds
     auto &hints = sc.hints;
@@ -215,7 +216,7 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
     for (;;) {
         int count = check();
         if (count != 0 || timeoutMs == 0) {
-            if (count > 0 && missed)
+            if (count > 0 && missed && !roomWait)
                 tPollSpin.record(nowNs() - start, capNs);
             return count;
         }
@@ -224,10 +225,18 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
             missed = true;
             start = *startNs = now;
             deadline = timeoutMs < 0 ? -1 : start + int64_t(timeoutMs) * 1000000;
-            spinEnd = start + tPollSpin.windowNs(capNs);
+            // A wait that includes room to write (an engine socket is asked for POLLOUT and
+            // has not a third of its ring free) does not spin: room comes as the peer reads,
+            // a little at a time, and a spin that catches each piece burns a CPU for writes
+            // no larger than the kernel's wake-up at a third of the ring would allow, while
+            // the two thirds still queued keep the reader busy through that wake-up. Nor
+            // does it teach the window of the waits for requests.
+            roomWait = std::any_of(interest.begin(), interest.end(),
+                                   [](short ev) { return ev & POLLOUT; });
+            spinEnd = roomWait ? start : start + tPollSpin.windowNs(capNs);
         }
         if (deadline >= 0 && now >= deadline) {
-            if (now - start > capNs)
+            if (now - start > capNs && !roomWait)
                 tPollSpin.record(now - start, capNs);
             return 0;
         }
