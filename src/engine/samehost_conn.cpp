@@ -17,6 +17,7 @@
 #include "log.h"
 #include "progress.h"
 #include "samehost_setup.h"
+#include "signals_held.h"
 
 namespace rstream {
 
@@ -149,6 +150,7 @@ int Connection::shWaitFor(int events, int64_t deadlineNs)
 {
     const int64_t capNs = spinCapNs(events, settings_.pollUs);
     int64_t missNs = 0, spinEnd = 0;
+    SignalsHeld held; // from the first look that finds nothing (signals_held.h)
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
         const int ready = shReadyLocked(events);
@@ -162,6 +164,7 @@ int Connection::shWaitFor(int events, int64_t deadlineNs)
         const WaitStep step = spinStepLocked(lock, deadlineNs, capNs, &missNs, &spinEnd, &now);
         if (step == WaitStep::TimedOut)
             return 0;
+        held.hold();
         if (step == WaitStep::Again)
             continue;
         // Until the fabric's answer (the accepting end), its fd is slept on too.
@@ -187,7 +190,7 @@ int Connection::shWaitFor(int events, int64_t deadlineNs)
         if (fabric && (!until || connectDeadlineNs_ < until))
             until = connectDeadlineNs_;
         pollfd pfd[3] = {{sh_->fd(), POLLIN, 0}, {waitFd_, POLLIN, 0}, {}};
-        if ((r = sleepLocked(lock, pfd, fabric ? 2 : 1, until, now)) < 0)
+        if ((r = sleepLocked(lock, pfd, fabric ? 2 : 1, until, now, held.sleepMask(nullptr))) < 0)
             return r;
     }
 }

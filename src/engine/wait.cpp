@@ -18,6 +18,7 @@
 #include "clock.h"
 #include "kernel.h"
 #include "progress.h"
+#include "signals_held.h"
 
 namespace rstream {
 
@@ -74,6 +75,7 @@ int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
 {
     const int64_t capNs = spinCapNs(events, settings_.pollUs);
     int64_t missNs = 0, spinEnd = 0;
+    SignalsHeld held; // from the first look that finds nothing (signals_held.h)
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
         if (shOn_.load(std::memory_order_relaxed)) {
@@ -106,6 +108,7 @@ int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
         const WaitStep step = spinStepLocked(lock, deadlineNs, capNs, &missNs, &spinEnd, &now);
         if (step == WaitStep::TimedOut)
             return 0;
+        held.hold();
         if (step == WaitStep::Again)
             continue;
         if (armLocked() == -EAGAIN) {
@@ -116,7 +119,7 @@ int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
         if (state_ == State::Connecting && (!until || connectDeadlineNs_ < until))
             until = connectDeadlineNs_;
         pollfd pfd[2] = {{waitFd_, POLLIN, 0}, {}};
-        if (const int r = sleepLocked(lock, pfd, 1, until, now); r < 0)
+        if (const int r = sleepLocked(lock, pfd, 1, until, now, held.sleepMask(nullptr)); r < 0)
             return r;
     }
 }
@@ -152,15 +155,17 @@ Connection::WaitStep Connection::spinStepLocked(std::unique_lock<std::mutex> &lo
 }
 
 int Connection::sleepLocked(std::unique_lock<std::mutex> &lock, pollfd *fds, int n, int64_t untilNs,
-                            int64_t nowNs)
+                            int64_t nowNs, const sigset_t *mask)
 {
     const int wakeFd = tWakeFd.fd();
     if (wakeFd < 0)
         return -ENOMEM;
     fds[n] = {wakeFd, POLLIN, 0};
-    int timeout = -1;
-    if (untilNs)
-        timeout = static_cast<int>(std::max<int64_t>(0, (untilNs - nowNs + 999999) / 1000000));
+    timespec timeout{};
+    if (untilNs) {
+        const int64_t ms = std::max<int64_t>(0, (untilNs - nowNs + 999999) / 1000000);
+        timeout = {static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1000000};
+    }
     sleepers_.push_back(wakeFd);
     appSleeping_.fetch_add(1, std::memory_order_relaxed);
     lock.unlock();
@@ -185,7 +190,7 @@ int Connection::sleepLocked(std::unique_lock<std::mutex> &lock, pollfd *fds, int
             }
         } unregister{lock, sleepers_, appSleeping_, wakeFd};
         // The result carries its own errno, which ~Unregister's locking may change.
-        r = sys::poll(fds, static_cast<nfds_t>(n + 1), timeout);
+        r = sys::ppoll(fds, static_cast<nfds_t>(n + 1), untilNs ? &timeout : nullptr, mask);
     }
     if (fds[n].revents & POLLIN)
         tWakeFd.drain();

@@ -4,6 +4,7 @@
 
 #include "poller.h"
 #include "poller_internal.h"
+#include "signals_held.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -369,6 +370,7 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
     std::vector<std::shared_ptr<Pollable>> socks, registered;
     std::vector<short> interest;
     std::vector<pollfd> sleepFds;
+    SignalsHeld held;
     for (;;) {
         int n = check();
         if (n != 0 || timeoutMs == 0) {
@@ -380,6 +382,7 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         if (!missed) {
             missed = true;
             spinEnd = start + spin_.windowNs(capNs);
+            held.hold();
         }
         if (deadline >= 0 && now >= deadline) {
             if (now - start > capNs)
@@ -424,7 +427,9 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         sleepFds.push_back({wakeFd, POLLIN, 0});
         if (hintEp >= 0)
             sleepFds.push_back({hintEp, POLLIN, 0});
-        if (int r = armAndSleep(socks, interest, &sleepFds, deadline, mask, waiters); r < 0)
+        if (int r = armAndSleep(socks, interest, &sleepFds, deadline, held.sleepMask(mask),
+                                waiters);
+            r < 0)
             return r;
         socks.clear();
     }

@@ -3,6 +3,7 @@
 
 #include "poller.h"
 #include "poller_internal.h"
+#include "signals_held.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -175,6 +176,7 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
     const int64_t capNs = int64_t(spinUs) * 1000;
     int64_t spinEnd = 0;
     bool missed = false, roomWait = false;
+    SignalsHeld held;
 
     auto &lookFds = sc.lookFds; // the kernel fds, then the hint fds
     auto &hints = sc.hints;
@@ -234,6 +236,7 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
             roomWait = std::any_of(interest.begin(), interest.end(),
                                    [](short ev) { return ev & POLLOUT; });
             spinEnd = roomWait ? start : start + tPollSpin.windowNs(capNs);
+            held.hold();
         }
         if (deadline >= 0 && now >= deadline) {
             if (now - start > capNs && !roomWait)
@@ -255,7 +258,9 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
             return count;
         sleepFds.assign(kfds.begin(), kfds.end());
         sleepFds.push_back({wakeFd, POLLIN, 0});
-        if (int r = armAndSleep(socks, interest, &sleepFds, deadline, mask, waiters); r < 0)
+        if (int r = armAndSleep(socks, interest, &sleepFds, deadline, held.sleepMask(mask),
+                                waiters);
+            r < 0)
             return r;
     }
 }

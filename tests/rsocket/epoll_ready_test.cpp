@@ -2,8 +2,8 @@
 // epoll's ready list (src/socket/epoll_ready.cpp): a wait looks only at the members that may be
 // ready, as the kernel's does, and still reports every event: data that arrives at a parked
 // member, progress another thread made on it, a member closed and its number reused. And what a
-// poll's look at an idle same-host member costs, and a poll's wait for room
-// (src/socket/poller.cpp).
+// poll's look at an idle same-host member costs, a poll's wait for room, and a signal during a
+// wait's spin (src/socket/poller.cpp).
 
 #include <atomic>
 #include <chrono>
@@ -11,6 +11,8 @@
 #include <memory>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/epoll.h>
 #include <thread>
 #include <time.h>
@@ -469,6 +471,55 @@ TEST_P(EpollReady, PollForRoomSleepsWithoutSpinning)
     const int64_t cpuUs = (t1.tv_sec - t0.tv_sec) * 1000000 + (t1.tv_nsec - t0.tv_nsec) / 1000;
     RecordProperty("poll_cpu_us", int(cpuUs));
     EXPECT_LT(cpuUs, 20000) << "the poll spun for room";
+}
+
+std::atomic<int> gSignals{0};
+void countSignal(int)
+{
+    gSignals++;
+}
+
+// A signal that comes while a poll or an epoll wait spins (here up to 300 ms) ends it with
+// EINTR, as one that comes during the kernel's own call does. It used to run its handler and
+// the wait slept on to its timeout: nginx under the shim at times did not stop on SIGQUIT.
+// Each wait runs on a thread of its own, so that its spin has learnt nothing yet and spins
+// the whole cap.
+TEST_P(EpollReady, SignalDuringTheSpinEndsTheWaitWithEintr)
+{
+    connectPairs(1);
+    gPollMembers[0] = pairs_[0].second; // idle
+    struct sigaction sa{}, old{};
+    sa.sa_handler = countSignal; // no SA_RESTART: the kernel's wait would return EINTR
+    sigemptyset(&sa.sa_mask);
+    ASSERT_EQ(sigaction(SIGUSR1, &sa, &old), 0);
+    for (const bool epoll : {false, true}) {
+        SCOPED_TRACE(epoll ? "epoll" : "poll");
+        gSignals = 0;
+        int r = 0;
+        int64_t ms = 0;
+        std::atomic<bool> started{false};
+        std::thread waiter([&] {
+            started = true;
+            const auto t0 = std::chrono::steady_clock::now();
+            pollfd p{1000, POLLIN, 0};
+            epoll_event out[4];
+            r = epoll ? set_->wait(out, 4, 3000, nullptr, 300000)
+                      : pollFds(&p, 1, 3000, nullptr, pollMember, 300000);
+            ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::steady_clock::now() - t0)
+                     .count();
+        });
+        while (!started)
+            std::this_thread::yield();
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        pthread_kill(waiter.native_handle(), SIGUSR1);
+        waiter.join();
+        EXPECT_EQ(gSignals.load(), 1);
+        EXPECT_EQ(r, -EINTR) << "after " << ms << " ms";
+        EXPECT_LT(ms, 2000) << "the wait slept on after the signal";
+    }
+    sigaction(SIGUSR1, &old, nullptr);
+    gPollMembers[0].reset();
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, EpollReady, ::testing::ValuesIn(kModes),
