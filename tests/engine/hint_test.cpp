@@ -318,7 +318,8 @@ TEST_P(HintTest, SignalDuringTheSpinEndsABlockingRecvWithEintr)
     client.pollUs = 300000;
     auto [c, s] = pair(client, settings());
     ASSERT_TRUE(c && s);
-    struct sigaction sa{}, old{};
+    struct sigaction sa = {};
+    struct sigaction old = {};
     sa.sa_handler = countSignal;
     sigemptyset(&sa.sa_mask);
     ASSERT_EQ(sigaction(SIGUSR1, &sa, &old), 0);

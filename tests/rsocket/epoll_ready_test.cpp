@@ -488,7 +488,8 @@ TEST_P(EpollReady, SignalDuringTheSpinEndsTheWaitWithEintr)
 {
     connectPairs(1);
     gPollMembers[0] = pairs_[0].second; // idle
-    struct sigaction sa{}, old{};
+    struct sigaction sa = {};
+    struct sigaction old = {};
     sa.sa_handler = countSignal; // no SA_RESTART: the kernel's wait would return EINTR
     sigemptyset(&sa.sa_mask);
     ASSERT_EQ(sigaction(SIGUSR1, &sa, &old), 0);
