@@ -427,9 +427,8 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         sleepFds.push_back({wakeFd, POLLIN, 0});
         if (hintEp >= 0)
             sleepFds.push_back({hintEp, POLLIN, 0});
-        if (int r = armAndSleep(socks, interest, &sleepFds, deadline, held.sleepMask(mask),
-                                waiters);
-            r < 0)
+        const sigset_t *sleepMask = held.sleepMask(mask);
+        if (int r = armAndSleep(socks, interest, &sleepFds, deadline, sleepMask, waiters); r < 0)
             return r;
         socks.clear();
     }

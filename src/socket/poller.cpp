@@ -258,9 +258,8 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
             return count;
         sleepFds.assign(kfds.begin(), kfds.end());
         sleepFds.push_back({wakeFd, POLLIN, 0});
-        if (int r = armAndSleep(socks, interest, &sleepFds, deadline, held.sleepMask(mask),
-                                waiters);
-            r < 0)
+        const sigset_t *sleepMask = held.sleepMask(mask);
+        if (int r = armAndSleep(socks, interest, &sleepFds, deadline, sleepMask, waiters); r < 0)
             return r;
     }
 }
