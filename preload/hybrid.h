@@ -157,6 +157,7 @@ public:
     void lookResults(const pollfd *fds) override;
     int parkFds(std::vector<pollfd> *fds) override;
     int kernelFd() override;
+    bool roomSoon() override;
 
     std::string debugState();
     // At exit: a kernel connection that got established is counted now (see onFdClosed).

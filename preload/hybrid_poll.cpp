@@ -191,4 +191,13 @@ int HybridSocket::kernelFd()
     return mode() == Mode::Kernel && !upgradePending() ? fd_ : -1;
 }
 
+bool HybridSocket::roomSoon()
+{
+    // After a switch the writes go to its connection (latePollEvents asks it for POLLOUT).
+    if (upgrade_.load(std::memory_order_acquire) == Upgrade::LateSwitch)
+        return upSock_->roomSoon();
+    auto [s, m] = snapshot();
+    return s && m == Mode::Fabric ? s->roomSoon() : true;
+}
+
 } // namespace rstream::shim

@@ -118,8 +118,8 @@ public:
     ssize_t peekRecv();
     ssize_t peekSend();
     // Both, as poll needs them: with one round of progress, or none while the connection is
-    // quiet (see hintFd()).
-    void peek(ssize_t *recv, ssize_t *send);
+    // quiet (see hintFd()); ring: the send ring's size now (it grows; same-host: the link's).
+    void peek(ssize_t *recv, ssize_t *send, uint64_t *ring = nullptr);
 
     // Readiness hints, for pollers that look at many connections (poll, select, epoll). A look
     // that finds nothing new arms the wait fd, and until that fd turns readable nothing can be
@@ -572,6 +572,7 @@ private:
     std::atomic<int64_t> appProgressNs_{0};
     std::atomic<int> appSleeping_{0};
     AdaptiveSpin spin_;                     // waitFor()'s spin before it sleeps
+    RoomRate roomRate_;                     // whether its waits for room spin
     std::atomic<uint64_t> spinChosenNs_{0}; // the spins waitFor() chose, summed (tests)
     // Idle ring release (ring_idle.cpp): armed once bytes moved since the last release; the
     // bytes moved when armed; when the timer is due.

@@ -19,13 +19,16 @@ constexpr int kSendDrained = 1 << 8;
 // waitFor(): every window withdrawal queued so far is answered, or the connection is down.
 constexpr int kWithdrawn = 1 << 10;
 
-// The spin cap of a blocking wait for events: none for a wait only for room (a blocking send,
-// a drain, a connect), which the peer frees a little at a time; a spin that caught each
-// piece would burn a CPU for small writes, while the wake-up comes at a third of the ring
-// with the rest still keeping the reader busy (poller.cpp says the same of poll's waits).
-inline int64_t spinCapNs(int events, uint32_t pollUs)
+// The spin cap of a blocking wait for events. A wait only for room (a blocking send, a drain,
+// a connect) spins only when the peer reads what is queued within a wake-up's time (RoomRate:
+// sent, and queued, the bytes it has not read yet); else it sleeps at once.
+inline int64_t spinCapNs(int events, uint32_t pollUs, RoomRate *room, uint64_t sent,
+                         uint64_t queued)
 {
-    return events & ~(kWritable | kSendDrained) ? int64_t(pollUs) * 1000 : 0;
+    const int64_t capNs = int64_t(pollUs) * 1000;
+    if (events & ~(kWritable | kSendDrained))
+        return capNs;
+    return room->spin(sent, queued, nowNs()) ? capNs : 0;
 }
 
 inline int64_t deadlineFor(int timeoutMs)

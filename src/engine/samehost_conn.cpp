@@ -148,10 +148,11 @@ int Connection::shArmLocked(bool fdSeen)
 
 int Connection::shWaitFor(int events, int64_t deadlineNs)
 {
-    const int64_t capNs = spinCapNs(events, settings_.pollUs);
     int64_t missNs = 0, spinEnd = 0;
     SignalsHeld held; // from the first look that finds nothing (signals_held.h)
     std::unique_lock<std::mutex> lock(mutex_);
+    const int64_t capNs =
+        spinCapNs(events, settings_.pollUs, &roomRate_, bytesSent(), sh_->unreadByPeer());
     for (;;) {
         const int ready = shReadyLocked(events);
         if (ready) {

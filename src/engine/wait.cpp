@@ -73,10 +73,11 @@ int Connection::wait(int events, int timeoutMs)
 
 int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
 {
-    const int64_t capNs = spinCapNs(events, settings_.pollUs);
     int64_t missNs = 0, spinEnd = 0;
     SignalsHeld held; // from the first look that finds nothing (signals_held.h)
     std::unique_lock<std::mutex> lock(mutex_);
+    const int64_t capNs =
+        spinCapNs(events, settings_.pollUs, &roomRate_, bytesSent(), tx_.tail - tx_.done);
     for (;;) {
         if (shOn_.load(std::memory_order_relaxed)) {
             lock.unlock();
@@ -335,9 +336,11 @@ ssize_t Connection::peekSend()
     return peekSendLocked();
 }
 
-void Connection::peek(ssize_t *recv, ssize_t *send)
+void Connection::peek(ssize_t *recv, ssize_t *send, uint64_t *ring)
 {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (ring)
+        *ring = shOn_.load(std::memory_order_relaxed) ? sh_->sendRing() : tx_.size;
     if (shOn_.load(std::memory_order_relaxed)) {
         if (state_ == State::Accepting)
             progressLocked();

@@ -52,6 +52,9 @@ public:
     // A socket that ended up on kernel TCP (a fallback) belongs in the kernel's poll and epoll:
     // its kernel fd, or -1 while the engine serves it.
     virtual int kernelFd() { return -1; }
+    // After a look asked for POLLOUT found no room: whether a poller should spin for it (the
+    // peer reads what is queued within a wake-up's time, RoomRate) rather than sleep at once.
+    virtual bool roomSoon() { return true; }
 };
 
 } // namespace rstream

@@ -5,7 +5,6 @@
 #include "poller_internal.h"
 #include "signals_held.h"
 
-#include <algorithm>
 #include <cerrno>
 #include <sched.h>
 
@@ -227,15 +226,19 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
             missed = true;
             start = *startNs = now;
             deadline = timeoutMs < 0 ? -1 : start + int64_t(timeoutMs) * 1000000;
-            // A wait that includes room to write (an engine socket is asked for POLLOUT and
-            // has not a third of its ring free) does not spin: room comes as the peer reads,
-            // a little at a time, and a spin that catches each piece burns a CPU for writes
-            // no larger than the kernel's wake-up at a third of the ring would allow, while
-            // the two thirds still queued keep the reader busy through that wake-up. Nor
-            // does it teach the window of the waits for requests.
-            roomWait = std::any_of(interest.begin(), interest.end(),
-                                   [](short ev) { return ev & POLLOUT; });
-            spinEnd = roomWait ? start : start + tPollSpin.windowNs(capNs);
+            // A wait that includes room to write (an engine socket asked for POLLOUT has not a
+            // third of its ring free) spins the whole cap if its peer reads fast enough to
+            // run dry during a sleep's wake-up, and not at all if not (RoomRate): room comes
+            // as the peer reads, a little at a time, and a spin that caught each piece burnt a
+            // CPU for writes no larger. It does not teach the window of the waits for data.
+            bool slowRoom = false;
+            for (nfds_t i = 0; i < nfds; i++) {
+                if (socks[i] && (interest[i] & POLLOUT)) {
+                    roomWait = true;
+                    slowRoom = slowRoom || !socks[i]->roomSoon();
+                }
+            }
+            spinEnd = start + (slowRoom ? 0 : roomWait ? capNs : tPollSpin.windowNs(capNs));
             held.hold();
         }
         if (deadline >= 0 && now >= deadline) {

@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 
+#include "clock.h"
 #include "crash.h"
 
 namespace rstream {
@@ -305,7 +306,8 @@ int Socket::pollEvents(int events)
         return listener->pendingArm() ? (POLLIN & events) : 0;
     }
     ssize_t r, s;
-    conn->peek(&r, &s);
+    uint64_t ringNow = 0;
+    conn->peek(&r, &s, &ringNow);
     if (reported || (r < 0 && r != -EAGAIN)) {
         rev |= POLLIN | POLLRDHUP | POLLOUT | POLLHUP;
         if (!reported)
@@ -316,8 +318,18 @@ int Socket::pollEvents(int events)
         else if (r == 0)
             rev |= POLLIN | POLLRDHUP;
         // Writable once a third of the ring is free, as Linux's sk_stream_is_writeable.
-        if ((s > 0 && static_cast<uint64_t>(s) * 3 >= ring) || s == -EPIPE)
+        const bool writable = (s > 0 && static_cast<uint64_t>(s) * 3 >= ring) || s == -EPIPE;
+        if (writable)
             rev |= POLLOUT;
+        if (events & POLLOUT) {
+            if (writable || s < 0)
+                roomStalled_.store(false, std::memory_order_relaxed);
+            else if (!roomStalled_.exchange(true, std::memory_order_relaxed))
+                roomSoon_.store(roomRate_.spin(conn->bytesSent(),
+                                               ringNow - std::min<uint64_t>(ringNow, uint64_t(s)),
+                                               nowNs()),
+                                std::memory_order_relaxed);
+        }
         if (s < 0 && s != -EPIPE)
             rev |= POLLOUT | POLLERR | POLLHUP;
         if (r == 0 && shutWr)

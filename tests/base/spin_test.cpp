@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 // AdaptiveSpin: the window follows the waits, and probes let a fallen window rise again.
+// RoomRate: a wait for room spins only when the peer reads what is queued within a wake-up.
 
 #include <gtest/gtest.h>
 
@@ -112,6 +113,26 @@ TEST(AdaptiveSpin, MixedWaitsKeepASmallWindow)
             EXPECT_GE(s.currentNs(), 16000) << i;
         }
     }
+}
+
+// A wait for room spins when the peer reads what is queued within a wake-up's time
+// (AdaptiveSpin::kWakeSlackNs, 100 us), at the rate it read since the previous wait for room.
+TEST(RoomRate, SpinsOnlyForAFastReader)
+{
+    RoomRate r;
+    const int64_t ms = 1000000;
+    // The first wait has no rate to go by: it sleeps.
+    EXPECT_FALSE(r.spin(0, 256 * 1024, 10 * ms));
+    // 1 MiB read in 200 us (5 GB/s): 256 KiB queued is read in 50 us.
+    EXPECT_TRUE(r.spin(1 << 20, 256 * 1024, 10 * ms + 200000));
+    // 85 KiB more in 2.5 ms (35 MB/s, iperf3 -l 64): 256 KiB takes 7.5 ms.
+    EXPECT_FALSE(r.spin((1 << 20) + 85 * 1024, 256 * 1024, 12 * ms + 700000));
+    // Fast again, but with more queued than it reads in 100 us (5 GB/s: 500 KB).
+    EXPECT_TRUE(r.spin((2 << 20) + 85 * 1024, 400 * 1000, 12 * ms + 900000));
+    EXPECT_FALSE(r.spin((3 << 20) + 85 * 1024, 600 * 1000, 13 * ms + 100000));
+    // Nothing read since (the same instant, or no bytes): it sleeps.
+    EXPECT_FALSE(r.spin((3 << 20) + 85 * 1024, 1, 13 * ms + 100000));
+    EXPECT_FALSE(r.spin((3 << 20) + 85 * 1024, 1, 14 * ms));
 }
 
 } // namespace

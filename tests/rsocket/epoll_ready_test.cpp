@@ -430,47 +430,52 @@ TEST_P(EpollReady, PollOfAnIdleSameHostMemberMakesNoSystemCall)
     EXPECT_EQ(ppolls, 0) << "the look checked the idle member's fd";
 }
 
-// A poll that waits for room (POLLOUT on a full ring) sleeps at once, even with a 500 ms spin
-// allowed: room comes as the peer reads, a little at a time, and a spin catching each piece
-// burnt a CPU (iperf3 -l 64's writer used 88 % of one, 25 % without). Its CPU time says so.
-TEST_P(EpollReady, PollForRoomSleepsWithoutSpinning)
+// A poll that waits for room (POLLOUT on a full ring) of a peer that reads slowly (here a ring
+// each 60 ms) sleeps at once, even with a 500 ms spin allowed: room comes as the peer reads, a
+// little at a time, and a spin catching each piece burnt a CPU (iperf3 -l 64's writer used
+// 88 % of one, 25 % without). Its CPU time says so. Twice: the first wait has no rate to go
+// by, the second the 60 ms of the first (RoomRate).
+TEST_P(EpollReady, PollForRoomOfASlowReaderSleepsWithoutSpinning)
 {
     connectPairs(1);
     Socket &w = *pairs_[0].second; // nonblocking
     Socket &r = *pairs_[0].first;
     std::vector<char> buf(65536, 'x');
-    size_t queued = 0;
-    for (;;) {
-        iovec v{buf.data(), buf.size()};
-        const ssize_t n = w.send(&v, 1, 0);
-        if (n <= 0) {
-            ASSERT_EQ(n, -EAGAIN);
-            break;
-        }
-        queued += static_cast<size_t>(n);
-    }
     gPollMembers[0] = pairs_[0].second;
-    std::thread reader([&] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(60));
-        for (size_t got = 0; got < queued;) {
+    for (int round = 0; round < 2; round++) {
+        SCOPED_TRACE(round);
+        size_t queued = 0;
+        for (;;) {
             iovec v{buf.data(), buf.size()};
-            const ssize_t n = r.recv(&v, 1, 0);
-            ASSERT_GT(n, 0);
-            got += static_cast<size_t>(n);
+            const ssize_t n = w.send(&v, 1, 0);
+            if (n <= 0) {
+                ASSERT_EQ(n, -EAGAIN);
+                break;
+            }
+            queued += static_cast<size_t>(n);
         }
-    });
-    timespec t0{}, t1{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
-    pollfd p{1000, POLLOUT, 0};
-    const int n = pollFds(&p, 1, 5000, nullptr, pollMember, 500000);
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
-    reader.join();
+        std::thread reader([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(60));
+            for (size_t got = 0; got < queued;) {
+                iovec v{buf.data(), buf.size()};
+                const ssize_t n = r.recv(&v, 1, 0);
+                ASSERT_GT(n, 0);
+                got += static_cast<size_t>(n);
+            }
+        });
+        timespec t0{}, t1{};
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+        pollfd p{1000, POLLOUT, 0};
+        const int n = pollFds(&p, 1, 5000, nullptr, pollMember, 500000);
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+        reader.join();
+        EXPECT_EQ(n, 1);
+        EXPECT_EQ(p.revents, POLLOUT);
+        const int64_t cpuUs = (t1.tv_sec - t0.tv_sec) * 1000000 + (t1.tv_nsec - t0.tv_nsec) / 1000;
+        RecordProperty(round ? "poll_cpu_us_second" : "poll_cpu_us_first", int(cpuUs));
+        EXPECT_LT(cpuUs, 20000) << "the poll spun for room";
+    }
     gPollMembers[0].reset();
-    EXPECT_EQ(n, 1);
-    EXPECT_EQ(p.revents, POLLOUT);
-    const int64_t cpuUs = (t1.tv_sec - t0.tv_sec) * 1000000 + (t1.tv_nsec - t0.tv_nsec) / 1000;
-    RecordProperty("poll_cpu_us", int(cpuUs));
-    EXPECT_LT(cpuUs, 20000) << "the poll spun for room";
 }
 
 std::atomic<int> gSignals{0};
