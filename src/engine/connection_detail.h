@@ -86,6 +86,8 @@ constexpr uint32_t kEqInterval = 16;
 // application last made progress on it: racing it for the lock and the CQ only costs both
 // wake-ups, and on few cores the CPU the application or its peer needs.
 constexpr int64_t kAppIdleNs = 1000000;
+// A look at a connection already readable and writable makes progress at most this often.
+constexpr int64_t kLookProgressNs = 50000;
 // When all that is left is to learn that injected writes left the provider (they did, unless its
 // socket was full), the thread waits longer: its KEEPALIVE costs both ends a message and the peer
 // a wake-up, and a client whose requests are injected went quiet after every one of them for

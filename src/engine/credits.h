@@ -36,6 +36,10 @@ public:
     uint32_t slots() const { return slots_; }
     bool canSendData() const { return slots_ > kReservedSlots && ringAvail() > 0; }
     bool canSendCtrl() const { return slots_ > 0; }
+    // Half the peer's slots or more are out. It returns credit for them once its progress has
+    // taken them (LocalCredits::due(), whether or not its application read), so a sender that
+    // holds small writes from here on is sure to be given a CREDIT that flushes them.
+    bool halfSlotsOut() const { return maxSlots_ - slots_ >= maxSlots_ / 2; }
 
     void onDataSent(uint64_t len)
     {

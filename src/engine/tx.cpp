@@ -165,6 +165,9 @@ void Connection::flushLocked(bool force, bool uncork)
     const uint64_t maxChunk =
         std::clamp<uint64_t>(std::min(peer_.ringSize(), tx_.size) / 4, 4096, 256 * 1024);
     // Small sends coalesce while earlier writes are in flight; the completion flushes them.
+    // Injected writes have no completion: behind them, small sends coalesce once half the
+    // peer's slots are out, and the CREDIT that is then sure to come flushes them (a stream
+    // of 64 B writes took a slot, a write and a completion at the peer for each).
     // A send of kCoalesceMax or more is worth a write of its own at once: holding it back
     // costs a CQ poll (a system call on tcp) per send, and the copy into the ring gets cold.
     const uint64_t coalesceBelow = std::min(maxChunk / 2, kCoalesceMax);
@@ -182,7 +185,8 @@ void Connection::flushLocked(bool force, bool uncork)
             }
             break;
         }
-        if (!force && txOps_.writesInFlight() > 0 && tx_.unsent() < coalesceBelow)
+        if (!force && tx_.unsent() < coalesceBelow &&
+            (txOps_.writesInFlight() > 0 || peer_.halfSlotsOut()))
             break;
         uint64_t len = std::min({tx_.unsent(), tx_.toEnd(tx_.posted),
                                  peer_.ringSize() - peer_.written() % peer_.ringSize(),

@@ -105,7 +105,11 @@ public:
     int lookFds(std::vector<pollfd> *fds) override;
     void lookResults(const pollfd *fds) override;
     int parkFds(std::vector<pollfd> *fds) override;
-    bool roomSoon() override { return roomSoon_.load(std::memory_order_relaxed); }
+    bool roomSoon() override
+    {
+        return !roomStalled_.load(std::memory_order_relaxed) ||
+               roomSoon_.load(std::memory_order_relaxed);
+    }
 
     // The caller reported the connect's completion itself (a blocking connect that returned 0):
     // a later connect() gives EISCONN, not the "0 once" of a nonblocking connect.

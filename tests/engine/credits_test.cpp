@@ -81,6 +81,28 @@ TEST(PeerCredits, ReservedSlotsAreForControlOnly)
     EXPECT_FALSE(p.canSendData());
 }
 
+// A sender holds small writes from half the slots out: exactly where the receiver's due()
+// returns credit for them (LocalCredits::due(), half its slots), so the CREDIT comes.
+TEST(PeerCredits, HalfTheSlotsOutIsWhereTheReceiverReturnsThem)
+{
+    PeerCredits p;
+    p.init(1 << 20, 8, 4);
+    LocalCredits l;
+    l.init(1 << 20, 8);
+    for (int i = 0; i < 3; i++) {
+        EXPECT_FALSE(p.halfSlotsOut()) << i << " out";
+        p.onDataSent(1);
+        l.onSlotReposted();
+        EXPECT_FALSE(l.due());
+    }
+    p.onCtrlSent(); // control messages take slots too
+    l.onSlotReposted();
+    EXPECT_TRUE(p.halfSlotsOut());
+    EXPECT_TRUE(l.due());
+    ASSERT_EQ(p.onCredit(4, 0), 0);
+    EXPECT_FALSE(p.halfSlotsOut());
+}
+
 TEST(PeerCredits, CreditReturnsSlotsAndRingInUnits)
 {
     PeerCredits p;

@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: MIT
+// Small writes and small reads over the fabric: sends held back behind injected writes once half
+// the peer's receive slots are out, and looks at a readable connection that skip progress.
+
+#include <chrono>
+#include <vector>
+
+#include "connection_detail.h"
+#include "engine_fixture.h"
+
+namespace rstream {
+namespace {
+
+using SmallWrites = EngineTest;
+
+// A stream of small sends to a peer that does not keep up took a receive slot, a write and a
+// completion at the peer for each until the slots ran out. Now, once half of them are out, the
+// sends are held in the ring and the CREDIT for those slots (which the peer returns once its
+// progress took them, read or not) flushes them as one write.
+TEST_P(SmallWrites, SendsCoalesceOnceHalfThePeersSlotsAreOut)
+{
+    if (GetParam().sameHost || GetParam().iwarp)
+        GTEST_SKIP() << "injected fabric writes only (iwarp writes wait for their completions)";
+    auto [c, s] = pair();
+    ASSERT_TRUE(c && s);
+    Connection::FlowState flow;
+    ASSERT_TRUE(c->flowState(&flow));
+    const uint32_t slots = flow.peerCreditSlots; // all of them: nothing sent yet
+    ASSERT_GE(slots, 16u);
+    const uint64_t before = s->rxEventCount();
+    const int n = 1000;
+    for (int i = 0; i < n; i++) {
+        const char b = static_cast<char>(i);
+        ASSERT_EQ(c->send(&b, 1, kNonBlock), 1) << "send " << i;
+    }
+    std::vector<char> in(n);
+    for (int got = 0; got < n;) {
+        const ssize_t r = s->recv(in.data() + got, size_t(n - got), 0, 10000);
+        ASSERT_GT(r, 0) << strerror(int(-r));
+        got += int(r);
+    }
+    for (int i = 0; i < n; i++)
+        ASSERT_EQ(in[size_t(i)], static_cast<char>(i)) << "byte " << i;
+    const uint64_t messages = s->rxEventCount() - before;
+    RecordProperty("messages", int(messages));
+    RecordProperty("slots", int(slots));
+    // Half the slots as single writes, then a few coalesced ones (before: every slot but the
+    // reserved ones, then the rest).
+    EXPECT_LE(messages, slots / 2 + 8) << "of " << n << " one-byte sends";
+}
+
+// A reader of small pieces that polls before each (iperf3 -l 64's server: select, then 64 B)
+// made a progress round (an epoll_wait on tcp) at every look although the connection was
+// readable and writable. Now such looks make progress at most every kLookProgressNs.
+TEST_P(SmallWrites, LooksAtAReadableConnectionSkipProgress)
+{
+    if (GetParam().sameHost)
+        GTEST_SKIP() << "a same-host look makes no progress call at all";
+    auto [c, s] = pair();
+    ASSERT_TRUE(c && s);
+    std::vector<char> out(4096, 'x');
+    ASSERT_EQ(c->send(out.data(), out.size(), 0, 10000), ssize_t(out.size()));
+    ssize_t r = -EAGAIN, w = 0;
+    for (int i = 0; i < 2000 && r == -EAGAIN; i++) {
+        s->peek(&r, &w);
+        if (r == -EAGAIN)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_GT(r, 0) << "the data did not arrive";
+    const int looks = 200;
+    const uint64_t before = s->progressCalls();
+    const auto t0 = std::chrono::steady_clock::now();
+    char b;
+    for (int i = 0; i < looks; i++) {
+        s->peek(&r, &w);
+        ASSERT_GT(r, 0);
+        ASSERT_GT(w, 0);
+        ASSERT_EQ(s->recv(&b, 1, kNonBlock), 1); // 1 B a look, as a small reader does
+    }
+    const int64_t ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
+    const uint64_t calls = s->progressCalls() - before;
+    RecordProperty("progress_calls", int(calls));
+    RecordProperty("elapsed_us", int(ns / 1000));
+    // One per kLookProgressNs at most (and one more at either end); before: one a look.
+    EXPECT_LE(calls, uint64_t(2 + ns / kLookProgressNs))
+        << looks << " looks in " << ns / 1000 << " us";
+    EXPECT_LT(calls, uint64_t(looks / 2));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SmallWrites, ::testing::ValuesIn(kModes),
+                         [](const auto &p) { return std::string(p.param.name); });
+
+} // namespace
+} // namespace rstream
