@@ -4,19 +4,17 @@
 // wait costs between requests that come slower than its spin (AdaptiveSpin), and what slow
 // answers to injected requests cost in the progress thread's KEEPALIVEs and wake-ups.
 
-#include <atomic>
 #include <chrono>
 #include <dirent.h>
 #include <fstream>
 #include <poll.h>
-#include <pthread.h>
-#include <signal.h>
 #include <string>
 #include <thread>
 #include <time.h>
 #include <vector>
 
 #include "engine_fixture.h"
+#include "interrupt.h"
 
 namespace rstream {
 namespace {
@@ -305,12 +303,6 @@ TEST_P(HintTest, BlockingSendWaitingForASlowReaderDoesNotSpin)
     EXPECT_GT(c->spinChosenNs(), before) << "a wait for data spins (the counter counts)";
 }
 
-std::atomic<int> gSignals{0};
-void countSignal(int)
-{
-    gSignals++;
-}
-
 TEST_P(HintTest, SignalDuringTheSpinEndsABlockingRecvWithEintr)
 {
     // A signal that comes while a blocking recv spins (a 300 ms spin allowed; a new connection
@@ -323,33 +315,13 @@ TEST_P(HintTest, SignalDuringTheSpinEndsABlockingRecvWithEintr)
     client.pollUs = 300000;
     auto [c, s] = pair(client, settings());
     ASSERT_TRUE(c && s);
-    struct sigaction sa = {};
-    struct sigaction old = {};
-    sa.sa_handler = countSignal;
-    sigemptyset(&sa.sa_mask);
-    ASSERT_EQ(sigaction(SIGUSR1, &sa, &old), 0);
-    gSignals = 0;
-    ssize_t r = 0;
-    int64_t ms = 0;
-    std::atomic<bool> started{false};
-    std::thread waiter([&, conn = c.get()] {
-        started = true;
-        const auto t0 = std::chrono::steady_clock::now();
+    const auto i = rstest::interruptAfter30ms([conn = c.get()] {
         char ch;
-        r = conn->recv(&ch, 1, 0, 3000);
-        ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                 std::chrono::steady_clock::now() - t0)
-                 .count();
+        return conn->recv(&ch, 1, 0, 3000);
     });
-    while (!started)
-        std::this_thread::yield();
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
-    pthread_kill(waiter.native_handle(), SIGUSR1);
-    waiter.join();
-    sigaction(SIGUSR1, &old, nullptr);
-    EXPECT_EQ(gSignals.load(), 1);
-    EXPECT_EQ(r, -EINTR) << "after " << ms << " ms";
-    EXPECT_LT(ms, 2000) << "the recv slept on after the signal";
+    EXPECT_EQ(i.handlers, 1);
+    EXPECT_EQ(i.result, -EINTR) << "after " << i.ms << " ms";
+    EXPECT_LT(i.ms, 2000) << "the recv slept on after the signal";
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, HintTest, ::testing::ValuesIn(kModes),

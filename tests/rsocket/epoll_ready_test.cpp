@@ -11,8 +11,6 @@
 #include <memory>
 #include <netinet/in.h>
 #include <poll.h>
-#include <pthread.h>
-#include <signal.h>
 #include <sys/epoll.h>
 #include <thread>
 #include <time.h>
@@ -21,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include "interrupt.h"
 #include "kernel.h"
 #include "poller.h"
 #include "samehost.h"
@@ -478,12 +477,6 @@ TEST_P(EpollReady, PollForRoomOfASlowReaderSleepsWithoutSpinning)
     gPollMembers[0].reset();
 }
 
-std::atomic<int> gSignals{0};
-void countSignal(int)
-{
-    gSignals++;
-}
-
 // A signal that comes while a poll or an epoll wait spins (here up to 300 ms) ends it with
 // EINTR, as one that comes during the kernel's own call does. It used to run its handler and
 // the wait slept on to its timeout: nginx under the shim at times did not stop on SIGQUIT.
@@ -493,38 +486,18 @@ TEST_P(EpollReady, SignalDuringTheSpinEndsTheWaitWithEintr)
 {
     connectPairs(1);
     gPollMembers[0] = pairs_[0].second; // idle
-    struct sigaction sa = {};
-    struct sigaction old = {};
-    sa.sa_handler = countSignal; // no SA_RESTART: the kernel's wait would return EINTR
-    sigemptyset(&sa.sa_mask);
-    ASSERT_EQ(sigaction(SIGUSR1, &sa, &old), 0);
     for (const bool epoll : {false, true}) {
         SCOPED_TRACE(epoll ? "epoll" : "poll");
-        gSignals = 0;
-        int r = 0;
-        int64_t ms = 0;
-        std::atomic<bool> started{false};
-        std::thread waiter([&] {
-            started = true;
-            const auto t0 = std::chrono::steady_clock::now();
+        const auto i = rstest::interruptAfter30ms([&] {
             pollfd p{1000, POLLIN, 0};
             epoll_event out[4];
-            r = epoll ? set_->wait(out, 4, 3000, nullptr, 300000)
-                      : pollFds(&p, 1, 3000, nullptr, pollMember, 300000);
-            ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                     std::chrono::steady_clock::now() - t0)
-                     .count();
+            return epoll ? set_->wait(out, 4, 3000, nullptr, 300000)
+                         : pollFds(&p, 1, 3000, nullptr, pollMember, 300000);
         });
-        while (!started)
-            std::this_thread::yield();
-        std::this_thread::sleep_for(std::chrono::milliseconds(30));
-        pthread_kill(waiter.native_handle(), SIGUSR1);
-        waiter.join();
-        EXPECT_EQ(gSignals.load(), 1);
-        EXPECT_EQ(r, -EINTR) << "after " << ms << " ms";
-        EXPECT_LT(ms, 2000) << "the wait slept on after the signal";
+        EXPECT_EQ(i.handlers, 1);
+        EXPECT_EQ(i.result, -EINTR) << "after " << i.ms << " ms";
+        EXPECT_LT(i.ms, 2000) << "the wait slept on after the signal";
     }
-    sigaction(SIGUSR1, &old, nullptr);
     gPollMembers[0].reset();
 }
 
