@@ -152,7 +152,9 @@ public:
     void addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered) override;
     uint64_t generation(int events) override;
     std::shared_ptr<Connection> hintConnection() override;
-    // A listener's: its kernel fd, then its engine socket's (Socket::lookFds).
+    // A listener's: its kernel fd, then its engine socket's (Socket::lookFds). A socket in its
+    // upgrade or switch, still on kernel TCP: its kernel fd, whose revents the pass's first
+    // kernelPollNow() then answers with.
     int lookFds(std::vector<pollfd> *fds) override;
     void lookResults(const pollfd *fds) override;
     int parkFds(std::vector<pollfd> *fds) override;
@@ -301,6 +303,11 @@ private:
     // fds << 20, bit 19 once the results came, and its kernel fd's revents.
     std::atomic<uint64_t> listenLook_{0};
     static constexpr uint64_t kLookDone = uint64_t(1) << 19;
+    // The kernel fd's look in a hint pass, for a socket in its upgrade or switch: the pass << 20,
+    // kLookDone once the result came, and the revents. Used once: the socket may read from the
+    // fd after it (an upgrade message), and the next look asks the kernel.
+    std::atomic<uint64_t> kernelLook_{0};
+    static constexpr short kKernelLookEvents = POLLIN | POLLOUT | POLLPRI | POLLRDHUP;
 
     std::mutex mutex_;
     std::shared_ptr<Socket> sock_; // Fabric: the connection; Listener: the fabric listener
@@ -332,7 +339,8 @@ private:
     std::shared_ptr<UpgradeListener> pendingUl_; // LateServer: where the client connects
     uint64_t pendingToken_ = 0;                  // the token (server: expected; client: to send)
     std::shared_ptr<Socket> upSock_;             // the switch's fabric connection
-    int64_t upStepDeadlineMs_ = 0;               // LateConnect: when the fabric connect fails
+    int64_t upStepDeadlineMs_ = 0; // LateConnect: when the fabric connect fails; LateServer:
+                                   // when the server stops waiting for the client's token
     // The late switch: the application's bytes over kernel TCP since LATER (client) or the
     // ACCEPT (server), the count of them the peer declared (known once it did), and the peer's
     // count message as it arrives.

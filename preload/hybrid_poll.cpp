@@ -15,6 +15,13 @@ namespace rstream::shim {
 
 int HybridSocket::kernelPollNow(int events)
 {
+    // In a pass whose one system call looked at the fd (lookFds): its answer, once.
+    if (const uint64_t pass = Connection::HintPass::current()) {
+        uint64_t look = kernelLook_.load(std::memory_order_relaxed);
+        if (look >> 20 == pass && (look & kLookDone) &&
+            kernelLook_.compare_exchange_strong(look, 0, std::memory_order_relaxed))
+            return int(look & 0xffff) & (events | POLLERR | POLLHUP | POLLNVAL);
+    }
     pollfd p{fd_, static_cast<short>(events), 0};
     const timespec zero{0, 0};
     int r = sys::ppoll(&p, 1, &zero, nullptr);
@@ -150,8 +157,13 @@ uint64_t HybridSocket::generation(int events)
 int HybridSocket::lookFds(std::vector<pollfd> *fds)
 {
     const uint64_t pass = Connection::HintPass::current();
-    if (!pass || upgradePending() || late())
+    if (!pass)
         return 0;
+    if (upgradePending() || late()) {
+        fds->push_back({fd_, kKernelLookEvents, 0});
+        kernelLook_.store(pass << 20, std::memory_order_relaxed);
+        return 1;
+    }
     auto [s, m] = snapshot();
     if (m != Mode::Listener)
         return 0;
@@ -164,6 +176,11 @@ int HybridSocket::lookFds(std::vector<pollfd> *fds)
 void HybridSocket::lookResults(const pollfd *fds)
 {
     const uint64_t pass = Connection::HintPass::current();
+    if (uint64_t k = kernelLook_.load(std::memory_order_relaxed); k == pass << 20) {
+        kernelLook_.compare_exchange_strong(k, k | kLookDone | uint16_t(fds[0].revents),
+                                            std::memory_order_relaxed);
+        return;
+    }
     uint64_t look = listenLook_.load(std::memory_order_relaxed);
     if (look >> 24 != pass || (look & kLookDone))
         return; // another thread's pass took the word: this look asks the kernel itself

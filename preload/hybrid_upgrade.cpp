@@ -108,6 +108,7 @@ ssize_t HybridSocket::peekKernel(void *buf, size_t len, bool wait)
 
 void HybridSocket::consumeKernel(size_t len)
 {
+    kernelLook_.store(0, std::memory_order_relaxed); // the pass's look saw these bytes
     uint8_t buf[wire::kUpgradeMaxSize];
     iovec iov{buf, std::min(len, sizeof(buf))};
     msghdr mh{};

@@ -109,7 +109,8 @@ void HybridSocket::upgradeProgress(int events)
     std::unique_lock<std::mutex> lock(upgradeMutex_, std::try_to_lock);
     if (!lock.owns_lock())
         return;
-    switch (upgrade_.load()) {
+    const Upgrade before = upgrade_.load();
+    switch (before) {
     case Upgrade::Maybe:
         // A HELLO alone would make the fd readable with nothing for the read: answer it now
         // (the process that polls a connection for reading is the one that reads it).
@@ -129,6 +130,10 @@ void HybridSocket::upgradeProgress(int events)
     }
     if (late())
         lateStepLocked();
+    // A step (an upgrade message read or sent, a shutdown) changes what the fd shows: the
+    // pass's look at it no longer tells.
+    if (upgrade_.load() != before)
+        kernelLook_.store(0, std::memory_order_relaxed);
 }
 
 int HybridSocket::firstBytesPollEvents(Upgrade u, int events)

@@ -20,8 +20,13 @@ namespace rstream::shim {
 
 namespace {
 
-// How long an accepted connection may take to send its token.
-constexpr int64_t kTokenWaitMs = 2000;
+// How long an accepted connection may take to send its token. The client sends it at its first
+// call after its connect completes, which a busy program (a thousand connections switching at
+// once) reaches seconds later: at 2 s, most of such a burst stayed on kernel TCP.
+constexpr int64_t kTokenWaitMs = 10000;
+// How many such connections wait at most: a peer that opens connections and sends nothing
+// holds no more than that.
+constexpr size_t kMaxUnread = 4096;
 
 std::mutex gListenersMutex;
 std::map<std::string, std::shared_ptr<UpgradeListener>> *gListeners =
@@ -151,6 +156,16 @@ void UpgradeListener::pumpLocked()
         RS_LOG(Debug, "upgrade: port %d: a fabric connection, its token not read yet", port_);
         unread_.push_back({std::move(s), nowMs() + kTokenWaitMs});
         acceptGen_++;
+        if (unread_.size() > kMaxUnread) {
+            // More than any burst of real clients: the oldest goes (its client, if any, reads
+            // the end and stays on kernel TCP).
+            RS_LOG(Info,
+                   "upgrade: port %d: over %zu connections without a token: the oldest "
+                   "closed",
+                   port_, kMaxUnread);
+            unread_.front().sock->close();
+            unread_.erase(unread_.begin());
+        }
     }
     const int64_t now = nowMs();
     std::erase_if(unread_, [&](Unread &u) {
@@ -182,9 +197,16 @@ void UpgradeListener::pumpLocked()
 void UpgradeListener::addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered)
 {
     std::lock_guard<std::mutex> lock(mutex_);
+    // Every socket in its switch registers the same connections: once a pass (a wait's
+    // registrations, Waiters::addAll). With 1,000 sockets switching, each wait made a million
+    // registrations, and the switches timed out.
+    const uint64_t pass = Connection::HintPass::current();
+    if (pass && pass == addPass_)
+        return;
     for (auto &u : unread_)
         u.sock->addWaiter(eventFd, registered);
     waitedGen_ = acceptGen_;
+    addPass_ = pass;
 }
 
 int UpgradeListener::prepareWait(std::vector<pollfd> *fds)

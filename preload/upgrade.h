@@ -63,6 +63,7 @@ private:
     uint64_t waitedGen_ = 0;     // acceptGen_ when a poller last registered its wake-up
     uint64_t pumpedPass_ = 0;    // the poller's pass (Connection::HintPass) that last pumped
     uint64_t waitPass_ = 0;      // the poller's pass whose list holds this listener's fds
+    uint64_t addPass_ = 0;       // the poller's pass that registered its wake-up (addWaiter)
 };
 
 } // namespace rstream::shim

@@ -170,25 +170,38 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
     std::lock_guard<std::mutex> lock(mutex_);
     if (forkGen_ != forkGeneration())
         forgetAfterForkLocked();
+    // One pass: what several members share (a switch's upgrade listener) is looked at once,
+    // and the look fds of members without a connection (a socket in its switch: its kernel fd)
+    // are checked in one system call, not one each. With 1,000 connections switching at once,
+    // a wait took two system calls per member, and the switches timed out.
+    Connection::HintPass pass;
+    gatherLooksLocked();
     // One system call tells whether the kernel's epoll has anything (then epoll_wait reads it)
     // and which parked entries woke: an epoll_wait of the hint epoll, where the kernel's epoll
-    // is nested, or a ppoll of both. (The kernel's epoll may hold fds the program added before
-    // the set had engine sockets.)
+    // is nested, or a ppoll of both (and the look fds). (The kernel's epoll may hold fds the
+    // program added before the set had engine sockets.)
     *kernelReady = true; // epoll_wait reads it (and reports an error)
     if (kernelNested_) {
         *kernelReady = false;
         takeWakesLocked(kernelReady);
+        if (!lookScratch_.empty()) {
+            const timespec zero{0, 0};
+            if (sys::ppoll(lookScratch_.data(), lookScratch_.size(), &zero, nullptr) >= 0)
+                applyLooksLocked(lookScratch_.data());
+        }
     } else {
-        pollfd wakes[2] = {{epfd_, POLLIN, 0}, {hintEp_, POLLIN, 0}};
-        const nfds_t nw = hintEp_ >= 0 ? 2 : 1;
+        // Without a hint epoll yet, its entry is -1, which ppoll skips.
+        lookScratch_.insert(lookScratch_.begin(), {{epfd_, POLLIN, 0}, {hintEp_, POLLIN, 0}});
         const timespec zero{0, 0};
-        if (sys::ppoll(wakes, nw, &zero, nullptr) >= 0) {
-            *kernelReady = wakes[0].revents != 0;
+        if (sys::ppoll(lookScratch_.data(), lookScratch_.size(), &zero, nullptr) >= 0) {
+            *kernelReady = lookScratch_[0].revents != 0;
             bool ignored = false;
-            if (nw == 2 && wakes[1].revents)
+            if (lookScratch_[1].revents)
                 takeWakesLocked(&ignored);
+            applyLooksLocked(lookScratch_.data() + 2);
         }
     }
+    lookers_.clear();
     int n = 0;
     // The entries left unlooked (maxevents reached) come first next time, then those looked at:
     // each wait starts where the last one stopped.
@@ -263,6 +276,30 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
     }
     active_.swap(keep_);
     return n;
+}
+
+void EpollSet::gatherLooksLocked()
+{
+    lookScratch_.clear();
+    lookers_.clear();
+    for (const uint64_t key : active_) {
+        const Entry *e = findLocked(key);
+        // A member whose last look reached a connection has none.
+        if (!e || !e->active || e->disabled || e->connRaw)
+            continue;
+        std::shared_ptr<Pollable> s = e->sock.lock();
+        if (!s)
+            continue;
+        const size_t at = lookScratch_.size();
+        if (s->lookFds(&lookScratch_) > 0)
+            lookers_.emplace_back(std::move(s), at);
+    }
+}
+
+void EpollSet::applyLooksLocked(const pollfd *fds)
+{
+    for (auto &[s, at] : lookers_)
+        s->lookResults(fds + at);
 }
 
 bool EpollSet::anyReady()
@@ -398,8 +435,7 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         // arming fail. Only the active entries are registered: the parked ones are watched.
         activeMembers(&registered);
         Waiters waiters(wakeFd);
-        for (auto &s : registered)
-            waiters.add(*s);
+        waiters.addAll(registered);
         n = check();
         if (n != 0)
             return n;

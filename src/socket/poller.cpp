@@ -253,9 +253,7 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
         // Register first, then look again, then arm: progress made by another thread after
         // the look writes the eventfd, progress still pending makes arming fail.
         Waiters waiters(wakeFd);
-        for (auto &s : socks)
-            if (s)
-                waiters.add(*s);
+        waiters.addAll(socks);
         count = check();
         if (count != 0)
             return count;

@@ -158,6 +158,10 @@ private:
     // Before sleeping: every active entry is parked, or listed in socks (with interest) to sleep
     // on as poll does. -EAGAIN: something changed, look again.
     int parkAllLocked(std::vector<std::shared_ptr<Pollable>> *socks, std::vector<short> *interest);
+    // collect()'s batched look: the look fds of its active members without a connection, then
+    // their results (fds: where the look fds begin in the ppoll's array).
+    void gatherLooksLocked();
+    void applyLooksLocked(const pollfd *fds);
     // The live sockets of the active entries (those a sleep may have to wait on as poll does).
     void activeMembers(std::vector<std::shared_ptr<Pollable>> *socks);
 
@@ -176,6 +180,11 @@ private:
     std::unordered_map<int, uint64_t> hintOwner_;
     std::vector<uint64_t> marked_; // scratch
     std::vector<pollfd> parkScratch_;
+    // collect()'s look fds (Pollable::lookFds) of active members without a connection (a
+    // listener, a socket in its switch), checked in its one ppoll; their sockets, and where
+    // each one's fds begin.
+    std::vector<pollfd> lookScratch_;
+    std::vector<std::pair<std::shared_ptr<Pollable>, size_t>> lookers_;
     uint64_t forkGen_;
     std::atomic<uint64_t> looks_{0};
     std::atomic<uint64_t> gen_{0};

@@ -86,7 +86,17 @@ class Waiters
 public:
     explicit Waiters(int fd) : fd_(fd) {}
     ~Waiters() { clear(); }
-    void add(Pollable &s) { s.addWaiter(fd_, &conns_); }
+    // All of one wait's registrations in one pass: what several sockets share (a switch's
+    // upgrade listener, whose waiting connections each socket in its switch would register
+    // again) is registered once.
+    template <typename Socks>
+    void addAll(const Socks &socks)
+    {
+        Connection::HintPass pass;
+        for (auto &s : socks)
+            if (s)
+                s->addWaiter(fd_, &conns_);
+    }
     void clear()
     {
         for (auto &c : conns_)
