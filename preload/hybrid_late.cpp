@@ -198,8 +198,18 @@ void HybridSocket::lateStepLocked()
             if (!pendingUl_)
                 return;
             upSock_ = pendingUl_->claim(pendingToken_);
-            if (!upSock_)
+            if (!upSock_) {
+                // A client that gave up (its fabric connect failed or timed out) sends no
+                // token: the connection stays on kernel TCP, and stops costing every poll a
+                // look. A token that comes later finds nobody and its connection is closed,
+                // which the client takes for the server's no.
+                if (nowMs() >= upStepDeadlineMs_) {
+                    pendingUl_->forget(pendingToken_);
+                    pendingUl_.reset();
+                    lateGiveUpLocked("the client's fabric connection did not come in time");
+                }
                 return;
+            }
             pendingUl_.reset(); // claimed: no longer expected
         }
         std::unique_lock<std::mutex> w(lateWriteMutex_, std::try_to_lock);

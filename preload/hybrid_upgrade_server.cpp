@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "clock.h"
 #include "hybrid_internal.h"
 #include "upgrade.h"
 #include "upgrade_wire.h"
@@ -86,6 +87,10 @@ void HybridSocket::serveUpgradeLocked()
     // connection brings the token (hybrid_late.cpp).
     pendingUl_ = std::move(ul);
     pendingToken_ = token;
+    // The client loads libfabric first (~0.3 s, seconds on a busy machine), then connects, and
+    // each step waits for one of its program's calls on the connection, which an idle
+    // connection does not make. Until the token comes, every poll of the socket looks at it.
+    upStepDeadlineMs_ = nowMs() + config_.switchWaitMs + config_.connectTimeoutMs;
     lateNoteAddresses();
     lateWritten_ = lateRead_ = 0;
     lateTargetKnown_ = false;

@@ -62,6 +62,7 @@ ShimConfig ShimConfig::parse(const EnvLookup &env, int defaultPortOffset, int co
         envInt(env, "RSTREAM_NEGATIVE_CACHE_MS", envDefault("RSTREAM_NEGATIVE_CACHE_MS"));
     c.upgradeTimeoutMs =
         envInt(env, "RSTREAM_UPGRADE_TIMEOUT_MS", envDefault("RSTREAM_UPGRADE_TIMEOUT_MS"));
+    c.switchWaitMs = envInt(env, "RSTREAM_SWITCH_WAIT_MS", envDefault("RSTREAM_SWITCH_WAIT_MS"));
     if (const char *ports = env("RSTREAM_PORTS")) {
         // "5201,6379,7000-7100"
         std::string s(ports);

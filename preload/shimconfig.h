@@ -20,14 +20,16 @@ namespace rstream::shim {
 using EnvLookup = std::function<const char *(const char *)>;
 
 // RSTREAM_ENABLE, RSTREAM_PORT_OFFSET, RSTREAM_CONNECT_TIMEOUT_MS, RSTREAM_PORTS,
-// RSTREAM_EXCLUDE, RSTREAM_NEGATIVE_CACHE_MS, RSTREAM_UPGRADE_TIMEOUT_MS.
+// RSTREAM_EXCLUDE, RSTREAM_NEGATIVE_CACHE_MS, RSTREAM_UPGRADE_TIMEOUT_MS, RSTREAM_SWITCH_WAIT_MS.
 struct ShimConfig
 {
     bool enabled = true;
     int portOffset = 20000; // fabric listener port = app port + offset (wrapping above 65535)
     int connectTimeoutMs = 2000;
     int negativeCacheMs = 30000;
-    int upgradeTimeoutMs = 2000;            // a switch waits this long for the peer's count
+    int upgradeTimeoutMs = 2000; // a switch waits this long for the peer's count
+    int switchWaitMs = 30000;    // a server's switch waits this long (+ the connect timeout) for
+                                 // the client's fabric connection
     std::vector<std::pair<int, int>> ports; // port ranges to offload; empty: all
     struct Net
     {

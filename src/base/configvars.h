@@ -70,6 +70,9 @@ inline constexpr ConfigVar kConfigVars[] = {
      "shim: how long a failed fabric destination uses kernel TCP (0: never cached)"},
     {"RSTREAM_UPGRADE_TIMEOUT_MS", Kind::Number, 10, 600000, "2000",
      "shim: how long a switch to the fabric waits for the peer's count of kernel bytes"},
+    {"RSTREAM_SWITCH_WAIT_MS", Kind::Number, 100, 86400000, "30000",
+     "shim: how long a server waits for its client's fabric connection, beyond the connect "
+     "timeout"},
     {"RSTREAM_STATS", Kind::Text, 0, 0, "", "shim: statistics file written at exit (%p = pid)"},
     {"RSTREAM_EXPORT", Kind::Flag, 0, 1, "1", "shim: 0 keeps the process out of rstream-stat"},
     {"RSTREAM_NOFILE_ORIG", Kind::Number, 1, INT64_MAX, "",
