@@ -66,6 +66,7 @@ void ProgressThread::afterFork()
         (void)c.release();
     adopted_.clear();
     timers_.clear();
+    byDeadline_.clear();
     pending_.clear();
     pendingMinNs_ = INT64_MAX;
     nextTimerNs_ = INT64_MAX;
@@ -204,8 +205,13 @@ void ProgressThread::mergePendingLocked()
     std::lock_guard<std::mutex> lock(pendingMutex_);
     for (auto [conn, deadlineNs] : pending_) {
         auto [it, added] = timers_.emplace(conn, deadlineNs);
-        if (!added && deadlineNs < it->second)
+        if (!added) {
+            if (deadlineNs >= it->second)
+                continue;
+            byDeadline_.erase({it->second, conn});
             it->second = deadlineNs;
+        }
+        byDeadline_.emplace(deadlineNs, conn);
         nextTimerNs_ = std::min(nextTimerNs_, deadlineNs);
     }
     pending_.clear();
@@ -216,7 +222,10 @@ void ProgressThread::forget(ProgressClient *conn, int fd)
 {
     std::lock_guard<std::mutex> lock(mutex_);
     std::erase(watched_, conn);
-    timers_.erase(conn);
+    if (auto it = timers_.find(conn); it != timers_.end()) {
+        byDeadline_.erase({it->second, conn});
+        timers_.erase(it);
+    }
     {
         std::lock_guard<std::mutex> pendingLock(pendingMutex_);
         std::erase_if(pending_, [conn](const auto &p) { return p.first == conn; });
@@ -228,23 +237,26 @@ void ProgressThread::forget(ProgressClient *conn, int fd)
 
 void ProgressThread::runTimersLocked(int64_t now)
 {
-    int64_t next = INT64_MAX;
-    for (auto it = timers_.begin(); it != timers_.end();) {
-        if (it->second <= now) {
-            bool watch = false;
-            int64_t due = it->first->timerTick(now, &watch);
-            if (watch && std::find(watched_.begin(), watched_.end(), it->first) == watched_.end())
-                watched_.push_back(it->first);
-            if (due == 0) {
-                it = timers_.erase(it);
-                continue;
-            }
-            it->second = due;
+    // Only the timers due; those that go on are put back after the walk (a deadline of now or
+    // earlier would be taken again).
+    std::vector<std::pair<int64_t, ProgressClient *>> again;
+    while (!byDeadline_.empty() && byDeadline_.begin()->first <= now) {
+        ProgressClient *c = byDeadline_.begin()->second;
+        byDeadline_.erase(byDeadline_.begin());
+        bool watch = false;
+        const int64_t due = c->timerTick(now, &watch);
+        if (watch && std::find(watched_.begin(), watched_.end(), c) == watched_.end())
+            watched_.push_back(c);
+        if (due == 0) {
+            timers_.erase(c);
+            continue;
         }
-        next = std::min(next, it->second);
-        ++it;
+        timers_[c] = due;
+        again.emplace_back(due, c);
     }
-    nextTimerNs_ = next == INT64_MAX ? next : std::max(next, now + kTimerSlackNs);
+    byDeadline_.insert(again.begin(), again.end());
+    nextTimerNs_ =
+        byDeadline_.empty() ? INT64_MAX : std::max(byDeadline_.begin()->first, now + kTimerSlackNs);
 }
 
 void ProgressThread::runPassiveLocked()

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -105,7 +106,7 @@ public:
     // after this returns.
     void forget(ProgressClient *conn, int fd);
 
-    // Timers fire up to this late, so that deadlines close together cost one walk of the list.
+    // Timers fire up to this late, so that deadlines close together cost one wake-up.
     static constexpr int64_t kTimerSlackNs = 10 * 1000000;
     static constexpr int64_t kPassiveIntervalNs = 100 * 1000000;
 
@@ -123,7 +124,11 @@ private:
     std::mutex listenersMutex_; // guards listeners_ and their use by the thread
     std::vector<AcceptClient *> listeners_;
     std::vector<std::unique_ptr<ProgressClient>> adopted_;
-    std::unordered_map<ProgressClient *, int64_t> timers_; // deadline of each
+    // The deadline of each connection with a timer, and the same ordered by deadline: a wake-up
+    // takes only the timers due (with 4,000 idle connections, walking them all at each one
+    // cost an idle process 50 ms of CPU a second).
+    std::unordered_map<ProgressClient *, int64_t> timers_;
+    std::set<std::pair<int64_t, ProgressClient *>> byDeadline_;
     int64_t nextTimerNs_ = INT64_MAX;
     std::mutex pendingMutex_; // a leaf lock: schedule() may be called from anywhere
     std::vector<std::pair<ProgressClient *, int64_t>> pending_;
