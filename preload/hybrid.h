@@ -356,6 +356,7 @@ private:
     uint16_t latePort_ = 0;                     // client: the server's fabric port
     int64_t lateSinceMs_ = 0;                   // client: when the ACCEPT came
     sockaddr_storage lateLocal_{}, latePeer_{}; // the kernel connection's, when the switch began
+                                                // (the client's fabric connect, the server's claim)
     socklen_t lateLocalLen_ = 0, latePeerLen_ = 0;
     void lateNoteAddresses();
     // Moved on the fabric before the socket became a fabric one (added to its record then).

@@ -96,6 +96,9 @@ void HybridSocket::lateStepLocked()
                 loadFabricInBackground(Settings::fromEnv());
             return;
         }
+        // The switch begins: the kernel connection's addresses for its record, while it is
+        // whole (noted now, not at the ACCEPT, so that short connections never pay for them).
+        lateNoteAddresses();
         sockaddr_storage dest;
         socklen_t dlen;
         {
@@ -211,6 +214,7 @@ void HybridSocket::lateStepLocked()
                 return;
             }
             pendingUl_.reset(); // claimed: no longer expected
+            lateNoteAddresses(); // the switch begins (see LateLoad)
         }
         std::unique_lock<std::mutex> w(lateWriteMutex_, std::try_to_lock);
         if (!w.owns_lock())

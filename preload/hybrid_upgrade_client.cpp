@@ -53,7 +53,6 @@ int HybridSocket::clientAnswerLocked()
     lateSinceMs_ = nowMs();
     latePort_ = msg.port;
     pendingToken_ = msg.token;
-    lateNoteAddresses();
     lateRead_ = 0; // the server counts what it writes after its ACCEPT
     upgrade_.store(Upgrade::LateLoad, std::memory_order_release);
     lateStepLocked();

@@ -91,7 +91,6 @@ void HybridSocket::serveUpgradeLocked()
     // each step waits for one of its program's calls on the connection, which an idle
     // connection does not make. Until the token comes, every poll of the socket looks at it.
     upStepDeadlineMs_ = nowMs() + config_.switchWaitMs + config_.connectTimeoutMs;
-    lateNoteAddresses();
     lateWritten_ = lateRead_ = 0;
     lateTargetKnown_ = false;
     upgrade_.store(Upgrade::LateServer, std::memory_order_release);
