@@ -213,7 +213,7 @@ void HybridSocket::lateStepLocked()
                 }
                 return;
             }
-            pendingUl_.reset(); // claimed: no longer expected
+            pendingUl_.reset();  // claimed: no longer expected
             lateNoteAddresses(); // the switch begins (see LateLoad)
         }
         std::unique_lock<std::mutex> w(lateWriteMutex_, std::try_to_lock);
