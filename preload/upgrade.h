@@ -62,10 +62,8 @@ private:
     uint64_t acceptGen_ = 0;     // connections accepted so far
     uint64_t waitedGen_ = 0;     // acceptGen_ when a poller last registered its wake-up
     uint64_t pumpedPass_ = 0;    // the poller's pass (Connection::HintPass) that last pumped
-    int64_t pumpedNs_ = 0;       // when it last pumped
     uint64_t waitPass_ = 0;      // the poller's pass whose list holds this listener's fds
     uint64_t addPass_ = 0;       // the poller's pass that registered its wake-up (addWaiter)
-    static constexpr int64_t kPumpGapNs = 1000000; // between pumps outside a pass
 };
 
 } // namespace rstream::shim
