@@ -13,9 +13,9 @@ namespace rstream {
 // outlasts the window burns the whole window for nothing. So the window follows the waits:
 // one that ended within the cap (RSTREAM_POLL_US) sets it to twice its length, so a ping-pong
 // spins through its round trips; one that outlasted the cap by more than a wake-up's worth
-// (kWakeSlackNs: a wait that slept is measured with its wake-up, which a spin would have saved)
-// halves it, so a server that sees a request every millisecond, or an idle one, soon sleeps at
-// once. Every kProbeEvery-th wait
+// (kWakeSlackNs: a wait that slept is measured with its wake-up, which a spin would have saved),
+// or that spun the whole cap and still slept, halves it, so a server that sees a request every
+// millisecond, or every 100 us, or an idle one, soon sleeps at once. Every kProbeEvery-th wait
 // spins the whole cap, so a falling window can learn that waits got short again even where
 // its sleeps' wake-ups alone push every measured wait past the cap.
 //
@@ -42,8 +42,12 @@ public:
         return w < 0 ? capNs : std::min(w, capNs); // < 0: nothing learnt yet, spin as before
     }
 
-    // A wait whose first look found nothing ended after waitedNs: ready, or timed out.
-    void record(int64_t waitedNs, int64_t capNs)
+    // A wait whose first look found nothing ended after waitedNs: ready, or timed out. spunNs:
+    // the window it spun before sleeping. One that spun the whole cap and still slept saw
+    // nothing come within the cap (its looks would have caught it), however soon its wake-up
+    // came: a client that connects every 100 us kept a server spinning 50 us for each
+    // connection in vain, its waits never past the cap by a wake-up's worth.
+    void record(int64_t waitedNs, int64_t capNs, int64_t spunNs = 0)
     {
         if (capNs <= 0)
             return;
@@ -52,7 +56,7 @@ public:
             w = capNs;
         if (waitedNs <= capNs)
             w = std::min(capNs, std::max(w, 2 * waitedNs));
-        else if (waitedNs > capNs + kWakeSlackNs)
+        else if (waitedNs > capNs + kWakeSlackNs || spunNs >= capNs)
             w = w / 2 < kFloorNs ? 0 : w / 2;
         window_.store(w, std::memory_order_relaxed);
     }

@@ -150,6 +150,7 @@ int Listener::listen(int backlog)
 
 void Listener::pumpLocked()
 {
+    armedClean_ = false;
     while (ready_.size() < backlog_) {
         std::unique_ptr<Connection> conn;
         if (acceptOne(&conn) < 0)
@@ -271,6 +272,8 @@ int Listener::accept(std::unique_ptr<Connection> *out, bool nonblock, int timeou
             std::lock_guard<std::mutex> lock(mutex_);
             if (!listening_)
                 return -EINVAL;
+            // Always read: accept is what reads the EQ for some (the upgrade listener's pump),
+            // so a clean arm is no reason to skip it here (that left their requests unread).
             pumpLocked();
             if (!ready_.empty()) {
                 *out = std::move(ready_.front());
@@ -303,6 +306,11 @@ int Listener::accept(std::unique_ptr<Connection> *out, bool nonblock, int timeou
 int Listener::arm()
 {
     std::lock_guard<std::mutex> lock(mutex_);
+    // Armed, and the EQ not read since: its wait fd shows whatever comes, and a poller that
+    // parks the listener before every sleep saves the read and the trywait (a system call
+    // each on tcp).
+    if (armedClean_ && ready_.empty())
+        return 0;
     pumpLocked();
     return armLocked();
 }
@@ -352,10 +360,14 @@ int Listener::armLocked()
         return -EAGAIN;
     fid *fids[1] = {&eq_->fid};
     int ret = fi_trywait(domain_->fabric(), fids, 1);
-    if (ret == -FI_EAGAIN)
+    if (ret == -FI_EAGAIN) {
+        armedClean_ = false; // something to read first
         return -EAGAIN;
-    if (ret == 0)
+    }
+    if (ret == 0) {
         hintArmed_.store(true, std::memory_order_release);
+        armedClean_ = true;
+    }
     return ret ? fiErr(ret) : 0;
 }
 

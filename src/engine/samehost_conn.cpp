@@ -157,7 +157,7 @@ int Connection::shWaitFor(int events, int64_t deadlineNs)
         const int ready = shReadyLocked(events);
         if (ready) {
             if (missNs)
-                spin_.record(nowNs() - missNs, capNs);
+                spin_.record(nowNs() - missNs, capNs, spinEnd - missNs);
             return ready;
         }
         // The spin's looks read the peer's words in shared memory: no system call.

@@ -100,7 +100,7 @@ int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
             ready |= kWithdrawn;
         if (ready) {
             if (missNs)
-                spin_.record(nowNs() - missNs, capNs);
+                spin_.record(nowNs() - missNs, capNs, spinEnd - missNs);
             return ready;
         }
         if (!ep_)
@@ -143,7 +143,7 @@ Connection::WaitStep Connection::spinStepLocked(std::unique_lock<std::mutex> &lo
     if (deadlineNs && *now >= deadlineNs) {
         // Only a timeout past the cap says something (a zero timeout is a look, not a wait).
         if (*now - *missNs > capNs)
-            spin_.record(*now - *missNs, capNs);
+            spin_.record(*now - *missNs, capNs, *spinEnd - *missNs);
         return WaitStep::TimedOut;
     }
     if (*now < *spinEnd) {

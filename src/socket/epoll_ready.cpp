@@ -19,6 +19,11 @@ namespace {
 // The hint epoll's keys that are no entry's (an entry's serial, its key's high half, is >= 1).
 constexpr uint64_t kMarksKey = 0;
 constexpr uint64_t kKernelKey = 1;
+// A member without a connection (a listener) parks on several fds, each registered under
+// kParkFdKey + its number (below any entry's key): a wake-up then says which one fired, and
+// only that one is armed again at the next parking (its one-shot spent), not all of them.
+constexpr uint64_t kParkFdKey = 2;
+constexpr uint64_t kEntryKeys = uint64_t(1) << 32;
 
 std::atomic<uint64_t> gForkGeneration{0};
 [[maybe_unused]] const int gForkHandler = pthread_atfork(
@@ -73,6 +78,7 @@ void EpollSet::forgetAfterForkLocked()
         e.looked = false;
         e.hintFd = -1;
         e.parkFds.clear();
+        e.armedFds.clear();
         e.parked = false;
         e.fired = false;
         e.idleSinceNs = 0;
@@ -140,6 +146,7 @@ void EpollSet::unparkFdsLocked(Entry &e)
         (void)sys::epollCtl(hintEp_, EPOLL_CTL_DEL, fd, nullptr);
     }
     e.parkFds.clear();
+    e.armedFds.clear();
 }
 
 int EpollSet::parkFdsLocked(Entry &e, bool arm)
@@ -160,11 +167,17 @@ int EpollSet::parkFdsLocked(Entry &e, bool arm)
         if (auto own = hintOwner_.find(p.fd); own != hintOwner_.end() && own->second != key)
             if (const Entry *o = findLocked(own->second); o && !o->sock.expired())
                 return 0;
-    // One-shot, as a connection's: registered while readable, it fires at once.
+    // One-shot, as a connection's: registered while readable, it fires at once. An fd still
+    // armed from an earlier parking (it has not fired since) stays as it is.
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLONESHOT;
-    ev.data.u64 = key;
     for (const pollfd &p : parkScratch_) {
+        if (std::find(e.armedFds.begin(), e.armedFds.end(), p.fd) != e.armedFds.end()) {
+            if (auto own = hintOwner_.find(p.fd); own != hintOwner_.end() && own->second == key)
+                continue;
+            std::erase(e.armedFds, p.fd); // registered for another entry since
+        }
+        ev.data.u64 = kParkFdKey + static_cast<uint32_t>(p.fd);
         int rc = sys::epollCtl(hintEp_, EPOLL_CTL_MOD, p.fd, &ev);
         if (rc == -ENOENT)
             rc = sys::epollCtl(hintEp_, EPOLL_CTL_ADD, p.fd, &ev);
@@ -177,6 +190,7 @@ int EpollSet::parkFdsLocked(Entry &e, bool arm)
         hintOwner_[p.fd] = key;
         if (std::find(e.parkFds.begin(), e.parkFds.end(), p.fd) == e.parkFds.end())
             e.parkFds.push_back(p.fd);
+        e.armedFds.push_back(p.fd);
     }
     e.fired = false;
     e.parked = true;
@@ -265,7 +279,18 @@ void EpollSet::takeWakesLocked(bool *kernelReady)
                         activateLocked(*e);
                 continue;
             }
-            if (Entry *e = findLocked(buf[i].data.u64); e && e->parked && !e->disabled) {
+            uint64_t key = buf[i].data.u64;
+            if (key >= kParkFdKey && key < kEntryKeys) {
+                // A parked fd of a member without a connection: its one-shot is spent.
+                const int fd = static_cast<int>(key - kParkFdKey);
+                auto own = hintOwner_.find(fd);
+                if (own == hintOwner_.end())
+                    continue;
+                key = own->second;
+                if (Entry *e = findLocked(key))
+                    std::erase(e->armedFds, fd);
+            }
+            if (Entry *e = findLocked(key); e && e->parked && !e->disabled) {
                 activateLocked(*e);
                 e->fired = true;
             }

@@ -175,7 +175,6 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
     // are checked in one system call, not one each. With 1,000 connections switching at once,
     // a wait took two system calls per member, and the switches timed out.
     Connection::HintPass pass;
-    gatherLooksLocked();
     // One system call tells whether the kernel's epoll has anything (then epoll_wait reads it)
     // and which parked entries woke: an epoll_wait of the hint epoll, where the kernel's epoll
     // is nested, or a ppoll of both (and the look fds). (The kernel's epoll may hold fds the
@@ -183,13 +182,18 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
     *kernelReady = true; // epoll_wait reads it (and reports an error)
     if (kernelNested_) {
         *kernelReady = false;
+        // The wake-ups first: a member they activate (a listener woken by its kernel fd) has
+        // its look fds in the one ppoll too, not a system call of its own (and a read of its
+        // fabric listener's EQ that its look shows quiet).
         takeWakesLocked(kernelReady);
+        gatherLooksLocked();
         if (!lookScratch_.empty()) {
             const timespec zero{0, 0};
             if (sys::ppoll(lookScratch_.data(), lookScratch_.size(), &zero, nullptr) >= 0)
                 applyLooksLocked(lookScratch_.data());
         }
     } else {
+        gatherLooksLocked();
         // Without a hint epoll yet, its entry is -1, which ppoll skips.
         lookScratch_.insert(lookScratch_.begin(), {{epfd_, POLLIN, 0}, {hintEp_, POLLIN, 0}});
         const timespec zero{0, 0};
@@ -412,7 +416,7 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         int n = check();
         if (n != 0 || timeoutMs == 0) {
             if (n > 0 && missed)
-                spin_.record(nowNs() - start, capNs);
+                spin_.record(nowNs() - start, capNs, spinEnd - start);
             return n;
         }
         int64_t now = nowNs();
@@ -423,7 +427,7 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         }
         if (deadline >= 0 && now >= deadline) {
             if (now - start > capNs)
-                spin_.record(now - start, capNs);
+                spin_.record(now - start, capNs, spinEnd - start);
             return 0;
         }
         if (now < spinEnd) {

@@ -218,7 +218,7 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
         int count = check();
         if (count != 0 || timeoutMs == 0) {
             if (count > 0 && missed && !roomWait)
-                tPollSpin.record(nowNs() - start, capNs);
+                tPollSpin.record(nowNs() - start, capNs, spinEnd - start);
             return count;
         }
         int64_t now = nowNs();
@@ -243,7 +243,7 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
         }
         if (deadline >= 0 && now >= deadline) {
             if (now - start > capNs && !roomWait)
-                tPollSpin.record(now - start, capNs);
+                tPollSpin.record(now - start, capNs, spinEnd - start);
             return 0;
         }
         if (now < spinEnd) {

@@ -116,6 +116,7 @@ private:
         int hintFd = -1; // the fd registered for it in the hint epoll (-1: none)
         // A member without a connection (a listener) parks on the fds it names (parkFds()).
         std::vector<int> parkFds;
+        std::vector<int> armedFds; // those of them armed now (their one-shot not spent)
     };
     static uint64_t keyOf(const Entry &e) { return uint64_t(e.serial) << 32 | uint32_t(e.fd); }
     Entry *findLocked(uint64_t key);

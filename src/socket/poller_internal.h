@@ -186,7 +186,14 @@ inline int armAndSleep(const std::vector<std::shared_ptr<Pollable>> &socks,
         deadlineNs = by;
     const int r = ppollMs(fds->data(), fds->size(), remainingMs(deadlineNs), mask);
     waiters.clear();
-    tWake.drain();
+    // Drained only when the sleep saw it: a wake-up written after the sleep ended (or one a
+    // signal cut short) makes the next sleep return at once, and is drained then.
+    const int wakeFd = tWake.fd();
+    for (size_t i = 0; r > 0 && i < fds->size(); i++)
+        if ((*fds)[i].fd == wakeFd && (*fds)[i].revents) {
+            tWake.drain();
+            break;
+        }
     return r < 0 ? r : 0;
 }
 

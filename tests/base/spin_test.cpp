@@ -102,6 +102,31 @@ TEST(AdaptiveSpin, AWakeUpPastTheCapDoesNotShrinkTheWindow)
     EXPECT_EQ(s.currentNs(), w / 2);
 }
 
+TEST(AdaptiveSpin, AFullSpinThatMissedShrinksTheWindow)
+{
+    // ab -c 1 against a server: a connection every 100 us. A wait that spun the whole cap
+    // caught nothing, and its wake-up came within kWakeSlackNs of the cap: the window falls
+    // all the same, and the spin soon stops but for probes.
+    AdaptiveSpin s;
+    int64_t spent = 0;
+    const int n = 200;
+    for (int i = 0; i < n; i++) {
+        const int64_t window = s.windowNs(kCap);
+        if (i >= n / 2)
+            spent += window;
+        s.record(100000, kCap, window);
+    }
+    EXPECT_EQ(s.currentNs(), 0);
+    // Then only the probes spin (they spun the cap every time before: 100 %).
+    EXPECT_LE(spent, int64_t(n / 2) * kCap / int64_t(AdaptiveSpin::kProbeEvery) + kCap);
+    // A wait past the cap that did not spin it all is no evidence (see above).
+    AdaptiveSpin t;
+    run(t, 10, 1000000);
+    t.record(20000, kCap);
+    t.record(100000, kCap, 20000);
+    EXPECT_EQ(t.currentNs(), 40000);
+}
+
 TEST(AdaptiveSpin, MixedWaitsKeepASmallWindow)
 {
     // Short and long waits in turn: the window stays at least as long as the short ones.
