@@ -107,7 +107,7 @@ std::shared_ptr<Pollable> Shim::pollable(int fd)
     return unlessKernel(sockets_.get(fd));
 }
 
-void Shim::trackKernelAccept(int listenFd, int fd, bool dual)
+void Shim::trackKernelAccept(int listenFd, int fd, bool dual, int flags)
 {
     const int saved = errno;
     try {
@@ -124,10 +124,10 @@ void Shim::trackKernelAccept(int listenFd, int fd, bool dual)
         if (dual) {
             // Served by a listener of ours: the client may offer an in-band upgrade, which the
             // process that does the first I/O takes (decided, and counted, then).
+            // The new fd is nonblocking exactly when accept4 was asked to make it so.
             auto listener = sockets_.get(listenFd);
-            const int fl = sys::fcntl(fd, F_GETFL);
-            if (listener && fl >= 0) {
-                auto s = HybridSocket::acceptedKernel(fd, listener->family(), fl & O_NONBLOCK,
+            if (listener) {
+                auto s = HybridSocket::acceptedKernel(fd, listener->family(), flags & SOCK_NONBLOCK,
                                                       shimConfig());
                 if (installSocket(fd, std::move(s))) {
                     errno = saved;

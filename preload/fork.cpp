@@ -51,6 +51,16 @@ void inChild()
                       "fabric connections are not the child's (EIO); new ones are");
 }
 
+void beforeFork()
+{
+    try {
+        EngineCall ec;
+        shim().forEachSocket([](HybridSocket &s) { s.beforeFork(); });
+    } catch (...) {
+        noteInternalError();
+    }
+}
+
 void inParent()
 {
     try {
@@ -145,7 +155,7 @@ __attribute__((constructor)) void shimInit()
         atexit(writeStats);
         ProgressThread::setBeforeExitDrain(writeStats);
     }
-    pthread_atfork(nullptr, inParent, inChild);
+    pthread_atfork(beforeFork, inParent, inChild);
     try {
         EngineCall ec;
         shim().adoptInheritedSockets();

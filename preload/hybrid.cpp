@@ -109,6 +109,17 @@ HybridSocket::~HybridSocket()
 
 void HybridSocket::setNonblocking(bool on)
 {
+    setNonblockingEngine(on);
+    if (mode() != Mode::Listener) {
+        // The kernel fd follows, so forwarding to it (after a fallback) behaves the same.
+        int fl = sys::fcntl(fd_, F_GETFL);
+        if (fl >= 0)
+            sys::fcntl(fd_, F_SETFL, on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK));
+    }
+}
+
+void HybridSocket::setNonblockingEngine(bool on)
+{
     nonblock_.store(on, std::memory_order_relaxed);
     if (late()) {
         std::lock_guard<std::mutex> lock(upgradeMutex_);
@@ -118,12 +129,6 @@ void HybridSocket::setNonblocking(bool on)
     auto [s, m] = snapshot();
     if (m == Mode::Fabric && s)
         s->setNonblocking(on);
-    if (m != Mode::Listener) {
-        // The kernel fd follows, so forwarding to it (after a fallback) behaves the same.
-        int fl = sys::fcntl(fd_, F_GETFL);
-        if (fl >= 0)
-            sys::fcntl(fd_, F_SETFL, on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK));
-    }
 }
 
 int HybridSocket::getFlags()
@@ -136,7 +141,8 @@ int HybridSocket::getFlags()
 
 int HybridSocket::setFlags(int flags)
 {
-    setNonblocking(flags & O_NONBLOCK);
+    // The kernel fd gets the program's flags below, in one F_SETFL.
+    setNonblockingEngine(flags & O_NONBLOCK);
     int fl = flags;
     if (mode() == Mode::Listener)
         fl |= O_NONBLOCK; // the listener's kernel fd stays nonblocking; accept() emulates
@@ -191,6 +197,10 @@ ssize_t HybridSocket::io(bool out, const iovec *iov, int iovcnt, int flags)
     if (m == Mode::Inherited)
         return -EIO;
     if (m == Mode::Kernel && upgradePending()) {
+        // A client's first write carries its HELLO, in one segment.
+        if (ssize_t r;
+            out && upgrade_.load() == Upgrade::Offer && offerWithWrite(iov, iovcnt, flags, &r))
+            return r;
         if (int r = upgradeStep(out, flags); r < 0)
             return r;
         if (late())
@@ -452,8 +462,33 @@ void HybridSocket::markInherited()
     // A listener keeps accepting over kernel TCP (its fabric side stays with the parent).
 }
 
+void HybridSocket::beforeFork()
+{
+    // An ACCEPT still owed goes now, before the child can write on the connection (after
+    // that it could land inside the stream): as it would have gone at the offer.
+    if (!acceptOwed_.load(std::memory_order_acquire))
+        return;
+    std::unique_lock<std::mutex> w(lateWriteMutex_, std::try_to_lock);
+    if (w.owns_lock() && acceptOwed_.load() && !sendOwedAcceptLocked()) {
+        acceptOwed_.store(false, std::memory_order_release);
+        acceptDropped_.store(true, std::memory_order_release);
+    }
+}
+
 void HybridSocket::onForkParent()
 {
+    if (acceptOwed_.load(std::memory_order_acquire)) {
+        // Still owed (a write was under way at beforeFork()): the child may write on the
+        // connection now, as plain kernel TCP, and an ACCEPT sent after that would land inside
+        // the stream, so none goes, and the next step gives up
+        // (not here: fork's handlers run while other handlers hold the statistics' locks). The
+        // client reads whoever's bytes come first and stays on kernel TCP.
+        std::unique_lock<std::mutex> w(lateWriteMutex_, std::try_to_lock);
+        if (w.owns_lock() && acceptOwed_.load()) {
+            acceptOwed_.store(false, std::memory_order_release);
+            acceptDropped_.store(true, std::memory_order_release);
+        }
+    }
     std::shared_ptr<Socket> s;
     {
         std::lock_guard<std::mutex> lock(mutex_);

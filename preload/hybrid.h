@@ -112,6 +112,7 @@ public:
     // What O_NONBLOCK the application set (the kernel fd of a listener is always nonblocking).
     bool nonblocking() const { return nonblock_.load(std::memory_order_relaxed); }
     void setNonblocking(bool on);
+    void setNonblockingEngine(bool on); // the same, leaving the kernel fd's flags alone
     // fcntl F_GETFL / F_SETFL as the application sees them (other commands: the kernel fd).
     int getFlags();
     int setFlags(int flags);
@@ -142,6 +143,8 @@ public:
     // After fork, in the child: the fabric state belongs to the parent; operations fail with
     // EIO and close never touches the parent's connection.
     void markInherited();
+    // Before fork: what the connection owes its peer goes out while no child can write.
+    void beforeFork();
     // After fork, in the parent: a listener shared with the child answers fabric connection
     // requests only when the parent itself polls or accepts.
     void onForkParent();
@@ -186,6 +189,7 @@ private:
     // The late switch's steps (hybrid_late.cpp); none waits.
     void lateStepLocked();
     void lateGiveUpLocked(const char *why);
+    void serverGiveUpLocked(const char *why); // LateServer: the token is no longer expected
     bool lateFinishLocked(); // both directions on the fabric: the socket becomes a fabric one
     ssize_t lateIo(bool out, const iovec *iov, int iovcnt, int flags);
     int latePollEvents(int events);
@@ -207,10 +211,28 @@ private:
     // left), or -errno for the caller (-EAGAIN, -EINTR, ...). Only a blocking read waits (for
     // the peer's first bytes, as the kernel would), and never under the upgrade's lock.
     int upgradeStep(bool out, int flags);
-    // Client: the HELLO goes out as soon as the connection is established (a server that
-    // hands the connection on, across fork or exec, finds it waiting), then Answer.
-    void sendOffer();
+    // Client: the HELLO goes out with the program's first write, in one segment with its
+    // bytes, or alone once the program waits to read (a server that speaks first, or hands the
+    // connection on across fork or exec, finds it waiting), then Answer.
     void sendOfferLocked();
+    // A write in Offer: the HELLO and the program's bytes in one sendmsg. False when another
+    // thread sent the HELLO first (the caller writes as in Answer); else *result is the
+    // program's bytes sent, or -errno with nothing sent.
+    bool offerWithWrite(const iovec *iov, int iovcnt, int flags, ssize_t *result);
+    // One sendmsg of an upgrade message (n bytes) and then iov: the program's bytes sent (the
+    // message went whole), -errno with nothing sent, or -ECONNRESET after shutting the
+    // connection down when only part of the message went (never seen on a fresh connection,
+    // whose send buffer is empty; the stream could not be repaired).
+    ssize_t sendPrefixed(const uint8_t *msg, size_t n, const iovec *iov, int iovcnt, int flags);
+    // Whether the kernel connection is established and has not carried a byte of ours (sent or
+    // queued): where an upgrade message sent on its own cannot land inside the stream.
+    bool kernelUntouched();
+    // Server, LateServer: the ACCEPT still owed goes out on its own (its write lock held).
+    // False when it could not go: the connection then stays on kernel TCP.
+    bool sendOwedAcceptLocked();
+    // Server, LateServer: the program's first write, with the owed ACCEPT ahead of its bytes
+    // (lateWriteMutex_ held); lateIo's answer.
+    ssize_t writeOwedAcceptLocked(const iovec *iov, int iovcnt, int flags);
     // Client, Answer: reads the server's answer at the head of its bytes (-EAGAIN: not here).
     int clientAnswerLocked();
     // Server, Maybe: the client's first bytes (-EAGAIN for a read: not here yet).
@@ -336,11 +358,18 @@ private:
     std::atomic<Upgrade> upgrade_{Upgrade::None};
     std::mutex upgradeMutex_;  // one upgrade step at a time; taken before mutex_
     bool serverWrote_ = false; // Maybe: the server wrote first, so it cannot answer a HELLO
+    std::atomic<bool> dataAfterMsg_{false}; // the upgrade message just taken had bytes after it
     std::shared_ptr<UpgradeListener> pendingUl_; // LateServer: where the client connects
     uint64_t pendingToken_ = 0;                  // the token (server: expected; client: to send)
-    std::shared_ptr<Socket> upSock_;             // the switch's fabric connection
-    int64_t upStepDeadlineMs_ = 0; // LateConnect: when the fabric connect fails; LateServer:
-                                   // when the server stops waiting for the client's token
+    // Server, LateServer: the ACCEPT waits for the program's first write, to go in one segment
+    // with it, or until acceptDueMs_ for a server that only reads (lateWriteMutex_ for the
+    // change: a write and a look may both try to send it).
+    std::atomic<bool> acceptOwed_{false};
+    std::atomic<bool> acceptDropped_{false}; // a write went without it: the next step gives up
+    int64_t acceptDueMs_ = 0;
+    std::shared_ptr<Socket> upSock_; // the switch's fabric connection
+    int64_t upStepDeadlineMs_ = 0;   // LateConnect: when the fabric connect fails; LateServer:
+                                     // when the server stops waiting for the client's token
     // The late switch: the application's bytes over kernel TCP since LATER (client) or the
     // ACCEPT (server), the count of them the peer declared (known once it did), and the peer's
     // count message as it arrives.
@@ -354,7 +383,7 @@ private:
     uint8_t lateBuf_[9] = {};
     size_t lateBufLen_ = 0;
     uint16_t latePort_ = 0;                     // client: the server's fabric port
-    int64_t lateSinceMs_ = 0;                   // client: when the ACCEPT came
+    int64_t lateSinceMs_ = 0;                   // client: when the HELLO went
     sockaddr_storage lateLocal_{}, latePeer_{}; // the kernel connection's, when the switch began
                                                 // (the client's fabric connect, the server's claim)
     socklen_t lateLocalLen_ = 0, latePeerLen_ = 0;

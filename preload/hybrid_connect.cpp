@@ -281,8 +281,14 @@ int HybridSocket::connectKernel(const sockaddr *addr, socklen_t len, bool inet, 
         std::lock_guard<std::mutex> lock(mutex_);
         recordKernelLocked(addr, len);
     }
-    if (offer)
-        sendOffer();
+    if (offer) {
+        // A blocking connect's program may read first (a server that speaks first must find the
+        // HELLO before it writes): the HELLO goes now. After a nonblocking one it waits for the
+        // first write, or a look for reading (hybrid_upgrade.cpp).
+        std::lock_guard<std::mutex> lock(upgradeMutex_);
+        if (upgrade_.load() == Upgrade::Offer)
+            sendOfferLocked();
+    }
     countFallbackIfEstablished();
     return 0;
 }

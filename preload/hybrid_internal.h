@@ -14,6 +14,10 @@ namespace rstream::shim {
 // The fabric is about to be used by this process (see engineUsed()).
 void noteEngineUsed();
 
+// How long a server that has not written holds its ACCEPT back (hybrid_upgrade_server.cpp):
+// well within the time a client lets a connection run before it switches (kLoadDelayMs).
+constexpr int64_t kAcceptDelayMs = 20;
+
 // A kernel socket's local and peer addresses (length 0: not known), for records and logs.
 struct KernelAddresses
 {

@@ -47,6 +47,15 @@ void HybridSocket::lateGiveUpLocked(const char *why)
     stayKernelLocked(Fallback::NotUpgraded, why);
 }
 
+void HybridSocket::serverGiveUpLocked(const char *why)
+{
+    if (pendingUl_) {
+        pendingUl_->forget(pendingToken_);
+        pendingUl_.reset();
+    }
+    lateGiveUpLocked(why);
+}
+
 bool HybridSocket::lateReadCount(size_t need, bool *closed)
 {
     while (lateBufLen_ < need) {
@@ -197,6 +206,32 @@ void HybridSocket::lateStepLocked()
         return;
     }
     case Upgrade::LateServer: {
+        if (acceptDropped_.load(std::memory_order_acquire)) {
+            serverGiveUpLocked("the ACCEPT could not be sent");
+            return;
+        }
+        if (acceptOwed_.load(std::memory_order_acquire)) {
+            // A server that has not written by now sends its ACCEPT on its own; until then no
+            // token can come, and nothing is pumped.
+            if (nowMs() < acceptDueMs_)
+                return;
+            std::unique_lock<std::mutex> w(lateWriteMutex_, std::try_to_lock);
+            if (!w.owns_lock() || !acceptOwed_.load())
+                return; // a write is under way: it carries the ACCEPT
+            if (!sendOwedAcceptLocked()) {
+                acceptOwed_.store(false, std::memory_order_release);
+                w.unlock();
+                serverGiveUpLocked("the ACCEPT could not be sent");
+            }
+            return;
+        }
+        if (!upStepDeadlineMs_) {
+            // The client loads libfabric first (~0.3 s, seconds on a busy machine), then
+            // connects, and each step waits for one of its program's calls on the connection,
+            // which an idle connection does not make. Until the token comes, every poll of the
+            // socket looks at it.
+            upStepDeadlineMs_ = nowMs() + config_.switchWaitMs + config_.connectTimeoutMs;
+        }
         if (!upSock_) {
             if (!pendingUl_)
                 return;
@@ -206,11 +241,8 @@ void HybridSocket::lateStepLocked()
                 // token: the connection stays on kernel TCP, and stops costing every poll a
                 // look. A token that comes later finds nobody and its connection is closed,
                 // which the client takes for the server's no.
-                if (nowMs() >= upStepDeadlineMs_) {
-                    pendingUl_->forget(pendingToken_);
-                    pendingUl_.reset();
-                    lateGiveUpLocked("the client's fabric connection did not come in time");
-                }
+                if (nowMs() >= upStepDeadlineMs_)
+                    serverGiveUpLocked("the client's fabric connection did not come in time");
                 return;
             }
             pendingUl_.reset();  // claimed: no longer expected
@@ -281,6 +313,8 @@ ssize_t HybridSocket::lateIo(bool out, const iovec *iov, int iovcnt, int flags)
                 lateFabricSent_ += static_cast<uint64_t>(r);
             return r;
         }
+        if (u == Upgrade::LateServer && acceptOwed_.load(std::memory_order_acquire))
+            return writeOwedAcceptLocked(iov, iovcnt, flags);
         const ssize_t r = kernelIo(true, iov, iovcnt, flags);
         if (r > 0)
             lateWritten_ += static_cast<uint64_t>(r);
@@ -487,6 +521,8 @@ int HybridSocket::lateWaitFds(std::vector<pollfd> *fds, int events)
     }
     case Upgrade::LateServer:
         fds->push_back({fd_, static_cast<short>(events), 0});
+        if (acceptOwed_.load(std::memory_order_acquire))
+            break; // no token before the ACCEPT; a look sends it once due
         if (pendingUl_)
             r = pendingUl_->prepareWait(fds);
         else if (upSock_)
@@ -533,8 +569,13 @@ int HybridSocket::lateShutdown(int how)
             sys::shutdown(fd_, SHUT_RD);
         return r;
     }
-    if (how != SHUT_RD)
+    if (how != SHUT_RD) {
         lateShutWr_ = true; // the fabric's sending side goes too, at the switch
+        // Still owed: it goes before the end, or the client takes the end for no answer (and
+        // the next step here gives up, the connection no longer established).
+        if (acceptOwed_.load(std::memory_order_acquire))
+            sendOwedAcceptLocked();
+    }
     return sys::shutdown(fd_, how);
 }
 

@@ -33,10 +33,15 @@ int HybridSocket::pollEvents(int events)
     settle();
     switchedUnseen_.store(false, std::memory_order_relaxed);
     if (upgradePending()) {
-        upgradeProgress(events);
+        // Waiting for the peer's first bytes: a look at the fd tells whether any came (no peek
+        // at a connection that has nothing).
         const Upgrade u = upgrade_.load();
         if (u == Upgrade::Maybe || u == Upgrade::Answer)
             return firstBytesPollEvents(u, events);
+        upgradeProgress(events);
+        const Upgrade v = upgrade_.load();
+        if (v == Upgrade::Maybe || v == Upgrade::Answer)
+            return firstBytesPollEvents(v, events);
     }
     if (late())
         return latePollEvents(events);
@@ -105,8 +110,8 @@ int HybridSocket::prepareWait(std::vector<pollfd> *fds, int events)
     case Mode::Inherited:
         return 0;
     default:
-        // A client's HELLO goes out once its connect is done, whatever the program waits for.
-        if (upgrade_.load() == Upgrade::Offer)
+        // A client that waits to read sends its HELLO once its connect is done (a look then).
+        if (upgrade_.load() == Upgrade::Offer && (events & POLLIN))
             events |= POLLOUT;
         fds->push_back({fd_, static_cast<short>(events), 0});
         return 0;

@@ -9,8 +9,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
+#include <linux/tcp.h>
+#include <poll.h>
+#include <vector>
 
 #include "address.h"
+#include "clock.h"
 #include "hybrid_internal.h"
 #include "log.h"
 #include "shimaddr.h"
@@ -218,29 +223,139 @@ void HybridSocket::adoptUpgradedLocked(std::shared_ptr<Socket> s, bool accepted)
               plen ? describe(a.peerAddr()).c_str() : "?");
 }
 
-void HybridSocket::sendOffer()
-{
-    std::lock_guard<std::mutex> lock(upgradeMutex_);
-    if (upgrade_.load() == Upgrade::Offer)
-        sendOfferLocked();
-}
-
 void HybridSocket::sendOfferLocked()
 {
     // Not connected yet (a nonblocking connect in progress, or failed): the kernel answers
-    // this call, the HELLO goes out with a later one.
-    sockaddr_storage p;
-    socklen_t plen = sizeof(p);
-    if (sys::getpeername(fd_, reinterpret_cast<sockaddr *>(&p), &plen) < 0)
+    // this call, the HELLO goes out with a later one. Nor after a byte of ours went some way
+    // the shim does not see (splice, io_uring): the HELLO would land inside the stream.
+    if (!kernelUntouched())
         return;
     if (!sendUpgradeMessage(static_cast<int>(wire::UpgradeType::Hello))) {
         upgrade_.store(Upgrade::None, std::memory_order_release);
         stayKernelLocked(Fallback::NotUpgraded, "the HELLO could not be sent");
         return;
     }
-    // Our bytes follow at once, counted for the switch (hybrid_late.cpp).
+    // Our bytes follow, counted for the switch (hybrid_late.cpp); the connection's age, for
+    // when it switches, counts from here.
     lateWritten_ = 0;
+    lateSinceMs_ = nowMs();
     upgrade_.store(Upgrade::Answer, std::memory_order_release);
+}
+
+bool HybridSocket::kernelUntouched()
+{
+    struct tcp_info ti;
+    std::memset(&ti, 0, sizeof(ti));
+    socklen_t len = sizeof(ti);
+    if (sys::getsockopt(fd_, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0)
+        return false;
+    constexpr uint8_t kEstablished = 1, kCloseWait = 8; // the kernel's TCP states
+    if (ti.tcpi_state != kEstablished && ti.tcpi_state != kCloseWait)
+        return false;
+    // Kernels before 4.19 do not say what was sent: then only what is queued or unacked.
+    if (len >= offsetof(struct tcp_info, tcpi_bytes_sent) + sizeof(ti.tcpi_bytes_sent))
+        return ti.tcpi_bytes_sent == 0 && ti.tcpi_notsent_bytes == 0;
+    return ti.tcpi_unacked == 0 && ti.tcpi_bytes_acked <= 1; // the SYN counts as one
+}
+
+ssize_t HybridSocket::sendPrefixed(const uint8_t *msg, size_t n, const iovec *iov, int iovcnt,
+                                   int flags)
+{
+    iovec stack[8];
+    std::vector<iovec> heap;
+    iovec *all = stack;
+    if (iovcnt + 1 > static_cast<int>(std::size(stack))) {
+        heap.resize(static_cast<size_t>(iovcnt) + 1);
+        all = heap.data();
+    }
+    all[0] = {const_cast<uint8_t *>(msg), n};
+    for (int i = 0; i < iovcnt; i++)
+        all[i + 1] = iov[i];
+    msghdr mh{};
+    mh.msg_iov = all;
+    mh.msg_iovlen = static_cast<size_t>(iovcnt) + 1;
+    const ssize_t r = sys::sendmsg(fd_, &mh, flags | MSG_NOSIGNAL); // SIGPIPE is the caller's
+    if (r < 0)
+        return r;
+    if (static_cast<size_t>(r) < n) {
+        RS_LOG_FD(Warn, fd_,
+                  "upgrade: only %zd of the %zu bytes of an upgrade message went: "
+                  "the connection is shut down",
+                  r, n);
+        sys::shutdown(fd_, SHUT_RDWR);
+        return -ECONNRESET;
+    }
+    kernelLook_.store(0, std::memory_order_relaxed);
+    return r - static_cast<ssize_t>(n);
+}
+
+bool HybridSocket::offerWithWrite(const iovec *iov, int iovcnt, int flags, ssize_t *result)
+{
+    // MSG_OOB marks the call's last byte urgent, which must stay the program's: the HELLO goes
+    // first on its own then (as it does for more buffers than one sendmsg takes).
+    const bool merge = !(flags & MSG_OOB) && iovcnt < IOV_MAX;
+    size_t total = 0;
+    for (int i = 0; i < iovcnt; i++)
+        total += iov[i].iov_len;
+    for (;;) {
+        bool sendRest = false;
+        {
+            std::lock_guard<std::mutex> lock(upgradeMutex_);
+            if (upgrade_.load() != Upgrade::Offer)
+                return false;
+            wire::UpgradeMessage msg;
+            msg.type = wire::UpgradeType::Hello;
+            uint8_t hello[wire::kUpgradeMaxSize];
+            const size_t n = wire::encodeUpgrade(msg, hello);
+            // Never blocking under the lock (a reader on another thread needs it): a blocking
+            // write's remainder goes on below, as any write in Answer.
+            const ssize_t r =
+                sendPrefixed(hello, n, iov, merge ? iovcnt : 0, (merge ? flags : 0) | MSG_DONTWAIT);
+            if (r >= 0) {
+                lateWritten_ = static_cast<uint64_t>(r);
+                lateSinceMs_ = nowMs();
+                upgrade_.store(Upgrade::Answer, std::memory_order_release);
+                if (!merge)
+                    return false;
+                *result = r;
+                if (static_cast<size_t>(r) == total || !upgradeBlocking(flags))
+                    return true;
+                sendRest = true;
+            } else if (r != -EAGAIN || !upgradeBlocking(flags)) {
+                // Nothing went (not connected yet: EAGAIN as the kernel says; or its error).
+                *result = r;
+                return true;
+            }
+        }
+        if (sendRest) {
+            // A blocking write sends the rest as the kernel would, counted.
+            std::vector<iovec> rest;
+            size_t skip = static_cast<size_t>(*result);
+            for (int i = 0; i < iovcnt; i++) {
+                if (skip >= iov[i].iov_len) {
+                    skip -= iov[i].iov_len;
+                    continue;
+                }
+                rest.push_back(
+                    {static_cast<uint8_t *>(iov[i].iov_base) + skip, iov[i].iov_len - skip});
+                skip = 0;
+            }
+            const ssize_t more =
+                io(true, rest.data(), static_cast<int>(rest.size()), flags & ~MSG_DONTWAIT);
+            if (more > 0)
+                *result += more;
+            return true;
+        }
+        // A blocking write on a connection not established yet: the kernel waits for it (its
+        // SO_SNDTIMEO, signals) in an empty send, outside the lock.
+        msghdr empty{};
+        if (const ssize_t w = sys::sendmsg(fd_, &empty, MSG_NOSIGNAL); w < 0) {
+            *result = w;
+            return true;
+        }
+        pollfd p{fd_, POLLOUT, 0};
+        sys::ppoll(&p, 1, nullptr, nullptr); // established (or failed): the send says which
+    }
 }
 
 } // namespace rstream::shim

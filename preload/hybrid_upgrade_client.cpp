@@ -22,7 +22,7 @@ int HybridSocket::clientAnswerLocked()
 {
     if (upgrade_.load() != Upgrade::Answer)
         return 0;
-    uint8_t buf[wire::kUpgradeMaxSize];
+    uint8_t buf[wire::kUpgradeMaxSize + 1]; // and whether data follows (dataAfterMsg_)
     const ssize_t r = peekKernel(buf, sizeof(buf), false);
     // Nothing yet (EAGAIN), or the read's own error: never a read past an answer not looked at.
     if (r < 0)
@@ -43,6 +43,7 @@ int HybridSocket::clientAnswerLocked()
     if (match == wire::UpgradeMatch::Partial)
         return -EAGAIN; // the rest of it is on its way
     consumeKernel(size);
+    dataAfterMsg_ = static_cast<size_t>(r) > size;
     if (msg.type != wire::UpgradeType::Accept) {
         upgrade_.store(Upgrade::None, std::memory_order_release);
         stayKernelLocked(Fallback::NotUpgraded, "the server declined");

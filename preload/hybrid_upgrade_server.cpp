@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 
 #include "clock.h"
@@ -21,7 +22,9 @@ int HybridSocket::serverUpgradeLocked(bool out)
 {
     if (upgrade_.load() != Upgrade::Maybe)
         return 0;
-    uint8_t buf[wire::kUpgradeHeaderSize];
+    // Room for any upgrade message and a byte past it: another message than a HELLO is the
+    // program's bytes (never waited for as partial), and whether data follows the HELLO is known.
+    uint8_t buf[wire::kUpgradeMaxSize + 1];
     const ssize_t r = peekKernel(buf, sizeof(buf), false);
     if (r < 0) {
         if (out) {
@@ -47,6 +50,7 @@ int HybridSocket::serverUpgradeLocked(bool out)
         return 0;
     }
     consumeKernel(size);
+    dataAfterMsg_ = static_cast<size_t>(r) > size;
     if (serverWrote_) {
         // The client reads our bytes first, which tell it that no answer comes.
         upgrade_.store(Upgrade::None, std::memory_order_release);
@@ -73,27 +77,58 @@ void HybridSocket::serveUpgradeLocked()
         stayKernelLocked(Fallback::NotUpgraded, err ? strerror(err) : "no local address");
         return;
     }
-    const uint64_t token = ul->expect();
-    if (!sendUpgradeMessage(static_cast<int>(wire::UpgradeType::Accept),
-                            static_cast<uint16_t>(ul->port()), token)) {
-        // Nothing went out (a fresh connection's send buffer takes 32 bytes, or none): the
-        // client reads our data first and stays on kernel TCP too.
-        ul->forget(token);
-        upgrade_.store(Upgrade::None, std::memory_order_release);
-        stayKernelLocked(Fallback::NotUpgraded, "the ACCEPT could not be sent");
-        return;
-    }
-    // From here the connection goes on over kernel TCP, counted, until the client's fabric
-    // connection brings the token (hybrid_late.cpp).
+    // The ACCEPT goes with the program's first write, in one segment (a request answered at
+    // once costs no segment more than over plain TCP), or on its own after kAcceptDelayMs for a
+    // server that only reads (lateStepLocked). Until it has gone no token can come.
     pendingUl_ = std::move(ul);
-    pendingToken_ = token;
-    // The client loads libfabric first (~0.3 s, seconds on a busy machine), then connects, and
-    // each step waits for one of its program's calls on the connection, which an idle
-    // connection does not make. Until the token comes, every poll of the socket looks at it.
-    upStepDeadlineMs_ = nowMs() + config_.switchWaitMs + config_.connectTimeoutMs;
+    pendingToken_ = pendingUl_->expect();
+    acceptDueMs_ = nowMs() + kAcceptDelayMs;
+    upStepDeadlineMs_ = 0; // set once the ACCEPT is out
     lateWritten_ = lateRead_ = 0;
     lateTargetKnown_ = false;
+    acceptOwed_.store(true, std::memory_order_release);
     upgrade_.store(Upgrade::LateServer, std::memory_order_release);
+}
+
+bool HybridSocket::sendOwedAcceptLocked()
+{
+    // Not after a byte of ours went some way the shim does not see (splice, io_uring): the
+    // ACCEPT would land inside the stream, where the client takes our bytes for no answer.
+    if (!pendingUl_ || !kernelUntouched() ||
+        !sendUpgradeMessage(static_cast<int>(wire::UpgradeType::Accept),
+                            static_cast<uint16_t>(pendingUl_->port()), pendingToken_))
+        return false;
+    acceptOwed_.store(false, std::memory_order_release);
+    return true;
+}
+
+ssize_t HybridSocket::writeOwedAcceptLocked(const iovec *iov, int iovcnt, int flags)
+{
+    // The server's first write: its ACCEPT and its bytes in one segment (MSG_OOB's urgent byte
+    // must stay the program's last: the ACCEPT goes alone first then).
+    ssize_t r;
+    if (flags & MSG_OOB || iovcnt >= IOV_MAX) {
+        if (!sendOwedAcceptLocked()) {
+            // Our bytes go first then: the client takes them for no answer, and the next step
+            // gives up here too.
+            acceptOwed_.store(false, std::memory_order_release);
+            acceptDropped_.store(true, std::memory_order_release);
+        }
+        r = kernelIo(true, iov, iovcnt, flags);
+    } else {
+        wire::UpgradeMessage msg;
+        msg.type = wire::UpgradeType::Accept;
+        msg.port = static_cast<uint16_t>(pendingUl_->port());
+        msg.token = pendingToken_;
+        uint8_t buf[wire::kUpgradeMaxSize];
+        const size_t n = wire::encodeUpgrade(msg, buf);
+        r = sendPrefixed(buf, n, iov, iovcnt, flags);
+        if (r >= 0)
+            acceptOwed_.store(false, std::memory_order_release);
+    }
+    if (r > 0)
+        lateWritten_ += static_cast<uint64_t>(r);
+    return r;
 }
 
 void HybridSocket::upgradeAddWaiter(int eventFd,
@@ -102,9 +137,12 @@ void HybridSocket::upgradeAddWaiter(int eventFd,
     std::unique_lock<std::mutex> lock(upgradeMutex_, std::try_to_lock);
     if (!lock.owns_lock())
         return;
-    if (upgrade_.load() == Upgrade::LateServer && pendingUl_)
-        pendingUl_->addWaiter(eventFd, registered);
-    else if (late() && upSock_)
+    if (upgrade_.load() == Upgrade::LateServer && pendingUl_) {
+        if (!acceptOwed_.load(std::memory_order_acquire)) // before the ACCEPT no token comes
+            pendingUl_->addWaiter(eventFd, registered);
+        return;
+    }
+    if (late() && upSock_)
         upSock_->addWaiter(eventFd, registered);
 }
 
@@ -122,9 +160,11 @@ void HybridSocket::upgradeProgress(int events)
             serverUpgradeLocked(false);
         break;
     case Upgrade::Offer:
-        sendOfferLocked(); // once connected: the HELLO goes before any byte of ours
-        if (upgrade_.load() == Upgrade::Answer)
-            clientAnswerLocked();
+        // A program that waits to read gets the HELLO out now (the server may speak first);
+        // one that waits to write sends it with its first bytes (offerWithWrite). No answer
+        // can be here yet.
+        if (events & POLLIN)
+            sendOfferLocked();
         break;
     case Upgrade::Answer:
         clientAnswerLocked();
@@ -142,16 +182,26 @@ void HybridSocket::upgradeProgress(int events)
 
 int HybridSocket::firstBytesPollEvents(Upgrade u, int events)
 {
-    const int rev = kernelPollNow(events);
-    if (!(events & POLLIN) || !(rev & POLLIN))
-        return rev;
-    // Bytes came in since the look above: the peer's offer or answer, which the read would take
-    // and then say EAGAIN if nothing follows. Look again; readable only once they are taken.
-    upgradeProgress(events);
-    if (upgrade_.load() != u)
+    // The look first: only bytes that came in can be the peer's offer or answer, which the read
+    // would take and then say EAGAIN if nothing follows. A client takes its answer whatever it
+    // waits for (one that only writes must switch too); a server's offer is taken by the
+    // process that polls it for reading (the one that reads it).
+    const int full = kernelPollNow(kKernelLookEvents);
+    const int rev = full & (events | POLLIN | POLLERR | POLLHUP);
+    if (!(rev & POLLIN) || (u == Upgrade::Maybe && !(events & POLLIN)))
+        return rev & (events | POLLERR | POLLHUP);
+    dataAfterMsg_ = false;
+    upgradeProgress(events | (u == Upgrade::Answer ? POLLIN : 0));
+    if (upgrade_.load() != u) {
+        // The message was taken and the peek saw bytes after it: the look still tells (one
+        // system call less per connection).
+        if (const uint64_t pass = Connection::HintPass::current(); pass && dataAfterMsg_)
+            kernelLook_.store(pass << 20 | kLookDone | uint16_t(full), std::memory_order_relaxed);
         return pollEvents(events);
+    }
     // Still not all of it here (or another thread is at it): readable when the rest comes.
-    return (rev & (POLLERR | POLLHUP)) ? rev : (rev & ~POLLIN);
+    return (rev & (POLLERR | POLLHUP)) ? rev & (events | POLLERR | POLLHUP)
+                                       : rev & events & ~POLLIN;
 }
 
 } // namespace rstream::shim

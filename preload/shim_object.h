@@ -137,9 +137,10 @@ private:
         if (__builtin_expect(tracked(fd), 0))
             releaseFd(fd);
     }
-    // fd was accepted on kernel TCP from listener (its fd listenFd): records it as a fallback,
-    // kernel_peer when the listener has a fabric side (dual), else the listener's reason.
-    void trackKernelAccept(int listenFd, int fd, bool dual);
+    // fd was accepted on kernel TCP from listener (its fd listenFd, with accept4's flags):
+    // records it as a fallback, kernel_peer when the listener has a fabric side (dual), else
+    // the listener's reason.
+    void trackKernelAccept(int listenFd, int fd, bool dual, int flags);
 
     // shim_setup.cpp
     bool candidate(int domain, int type, int protocol) const;

@@ -76,7 +76,7 @@ int Shim::acceptImpl(const void *ra, Real kernel, int fd, sockaddr *addr, sockle
             forgetStale(r);
             // A listener of ours that serves kernel TCP only.
             if (tDepth == 0 && sockets_.has(fd))
-                trackKernelAccept(fd, r, false);
+                trackKernelAccept(fd, r, false, flags);
         }
         return r;
     }
@@ -95,7 +95,7 @@ int Shim::acceptImpl(const void *ra, Real kernel, int fd, sockaddr *addr, sockle
             if (!installSocket(r, std::move(fresh)))
                 RS_LOG_FD(Error, r, "preload: beyond the fd table; its connection is lost");
         } else {
-            trackKernelAccept(fd, r, true);
+            trackKernelAccept(fd, r, true, flags);
         }
         return r;
     });

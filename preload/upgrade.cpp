@@ -5,10 +5,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <netinet/in.h>
 #include <new>
 #include <pthread.h>
 #include <string>
+#include <sys/random.h>
 
 #include "address.h"
 #include "clock.h"
@@ -100,12 +102,29 @@ void UpgradeListener::forgetAfterFork()
     gListeners = new std::map<std::string, std::shared_ptr<UpgradeListener>>();
 }
 
+uint64_t UpgradeListener::nextTokenLocked()
+{
+    // A system call per 32 connections, not per connection. The listener is this process's
+    // alone (a fork child makes its own), so no two processes draw the same tokens.
+    if (tokensLeft_ == 0) {
+        size_t got = 0;
+        auto *p = reinterpret_cast<uint8_t *>(tokens_);
+        while (got < sizeof(tokens_)) {
+            const ssize_t r = getrandom(p + got, sizeof(tokens_) - got, 0);
+            if (r > 0)
+                got += static_cast<size_t>(r);
+        }
+        tokensLeft_ = std::size(tokens_);
+    }
+    return tokens_[--tokensLeft_];
+}
+
 uint64_t UpgradeListener::expect()
 {
     std::lock_guard<std::mutex> lock(mutex_);
     uint64_t token;
     do {
-        token = randomKey();
+        token = nextTokenLocked();
     } while (token == 0 || expected_.count(token) || arrived_.count(token));
     expected_.insert(token);
     return token;

@@ -52,6 +52,10 @@ private:
         int64_t deadlineMs;
     };
     void pumpLocked();
+    uint64_t nextTokenLocked(); // 64 random bits
+
+    uint64_t tokens_[32] = {}; // drawn ahead: tokens_[0, tokensLeft_) unused yet
+    size_t tokensLeft_ = 0;
 
     std::shared_ptr<Socket> listen_;
     int port_ = 0;
