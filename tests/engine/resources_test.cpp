@@ -66,6 +66,19 @@ int fdsSettled(int want, long wantLive = -1)
     return n;
 }
 
+// The fd count once it has not moved for 100 ms (at most 5 s).
+int fdsStable()
+{
+    int n = countFds();
+    for (int i = 0, same = 0; i < 250 && same < 5; i++) {
+        usleep(20 * 1000);
+        const int m = countFds();
+        same = m == n ? same + 1 : 0;
+        n = m;
+    }
+    return n;
+}
+
 // The registration fault: fails the next `failures` registrations with -ENOMEM.
 std::atomic<int> failures{0};
 std::atomic<int> failed{0};
@@ -313,12 +326,17 @@ int soakClient(const Settings &s, const sockaddr_in &a, double seconds, unsigned
         ++*count;
         if (i == 0) {
             live0 = 0;
-            fds0 = fdsSettled(-1, live0); // all closed: the count of a process with none open
+            // All closed: the count of a process with none open, once it has stopped moving
+            // (the provider closes a connection's fds after the connection is gone: a count
+            // taken at once had four more, and the end's count then looked like fds given back
+            // that were never the program's).
+            fdsSettled(-1, live0);
+            fds0 = fdsStable();
             fdsBefore = describeFds();
         }
     }
     const int fds1 = fdsSettled(fds0, live0);
-    if (fds1 != fds0 || Connection::liveCount() != live0) {
+    if (fds1 > fds0 || Connection::liveCount() != live0) {
         fprintf(stderr,
                 "soak client: %d fds and %ld live connections after, %d and %ld before; fds "
                 "after: %s; before: %s\n",
