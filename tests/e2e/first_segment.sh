@@ -3,7 +3,8 @@
 # Short connections between two shimmed processes cost no segment more than kernel TCP: the
 # client's HELLO goes in one segment with its first write (a nonblocking connect, as ab and wrk
 # make), and the server's ACCEPT in one with its first reply. The kernel's own count of data
-# segments (TCP_INFO) on the client's socket says so; the bytes arrive intact.
+# segments (TCP_INFO) on the client's socket says so; the bytes arrive intact. A plain client whose
+# first bytes look like the head of an upgrade message has them echoed intact.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -56,5 +57,25 @@ log "under the shim, per connection: ${counts//$'\n'/, }"
 	show_stats client
 	fail "client: not 20 connections offered and ended before their switch"
 }
+
+# A plain client whose first bytes begin like an upgrade message other than a HELLO (here the
+# head of an ACCEPT, then its own data): its bytes come back intact, at once. (The server
+# peeked 16 bytes, too few to tell, and waited for the rest of that message for good.)
+cat >"$work/lookalike.py" <<'EOF'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.settimeout(5)
+msg = b"\xffRSTUPG\x01\x02" + bytes(7) + b"hello, plain"
+s.sendall(msg)
+got = b""
+while len(got) < len(msg):
+    chunk = s.recv(len(msg) - len(got))
+    assert chunk, "EOF before the echo"
+    got += chunk
+assert got == msg, got
+print("echoed intact")
+EOF
+out=$(plain 30 python3 "$work/lookalike.py" "$port") || fail "a look-alike first message: $out"
+log "a plain client's look-alike first bytes: $out"
 stop_pid "$server_pid" || true
 echo PASS
