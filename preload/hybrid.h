@@ -160,7 +160,7 @@ public:
     // kernelPollNow() then answers with.
     int lookFds(std::vector<pollfd> *fds) override;
     void lookResults(const pollfd *fds) override;
-    int parkFds(std::vector<pollfd> *fds, int events) override;
+    int parkFds(std::vector<pollfd> *fds) override;
     int kernelFd() override;
     bool roomSoon() override;
 

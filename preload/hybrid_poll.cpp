@@ -197,38 +197,15 @@ void HybridSocket::lookResults(const pollfd *fds)
                                         std::memory_order_relaxed);
 }
 
-int HybridSocket::parkFds(std::vector<pollfd> *fds, int events)
+int HybridSocket::parkFds(std::vector<pollfd> *fds)
 {
-    if (upgradePending() || late()) {
-        // Waiting for the peer's first bytes (or the server's own first write), only its kernel
-        // fd can make it ready: parked on that, for the program's events, an epoll set sleeps
-        // without looking at it (short connections spend their whole lives here). A client that
-        // waits to read wakes when its connect is done too, to send its HELLO. A server whose
-        // ACCEPT went out waits for its token as well, a client in its switch for its steps:
-        // those stay active.
-        switch (upgrade_.load(std::memory_order_acquire)) {
-        case Upgrade::Offer:
-            if (events & POLLIN)
-                events |= POLLOUT;
-            break;
-        case Upgrade::Maybe:
-        case Upgrade::Answer:
-            break;
-        case Upgrade::LateServer:
-            if (acceptOwed_.load(std::memory_order_acquire))
-                break;
-            return -ENOTSUP;
-        default:
-            return -ENOTSUP;
-        }
-        fds->push_back({fd_, static_cast<short>(events), 0});
-        return 0;
-    }
+    if (upgradePending() || late())
+        return -ENOTSUP;
     auto [s, m] = snapshot();
     if (m != Mode::Listener || !s)
         return -ENOTSUP;
     fds->push_back({fd_, POLLIN, 0});
-    return s->parkFds(fds, POLLIN);
+    return s->parkFds(fds);
 }
 
 int HybridSocket::kernelFd()

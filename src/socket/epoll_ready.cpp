@@ -87,7 +87,6 @@ void EpollSet::forgetAfterForkLocked()
             active_.push_back(keyOf(e));
     }
     hintOwner_.clear();
-    inHint_.clear();
     marks_.reset();
     if (hintEp_ >= 0)
         sys::close(hintEp_);
@@ -145,24 +144,9 @@ void EpollSet::unparkFdsLocked(Entry &e)
             continue;
         hintOwner_.erase(own);
         (void)sys::epollCtl(hintEp_, EPOLL_CTL_DEL, fd, nullptr);
-        inHint_.erase(fd);
     }
     e.parkFds.clear();
     e.armedFds.clear();
-}
-
-int EpollSet::hintArmLocked(int fd, epoll_event *ev)
-{
-    // An fd this set added before is modified (it stays in the hint epoll until its file
-    // closes, or goes); one never seen is added: a short connection's socket, parked on its
-    // kernel fd, costs one system call, not a failed EPOLL_CTL_MOD and an EPOLL_CTL_ADD.
-    const bool known = inHint_.count(fd) != 0;
-    int r = sys::epollCtl(hintEp_, known ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, ev);
-    if (r == (known ? -ENOENT : -EEXIST))
-        r = sys::epollCtl(hintEp_, known ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, fd, ev);
-    if (r == 0)
-        inHint_.insert(fd);
-    return r;
 }
 
 int EpollSet::parkFdsLocked(Entry &e, bool arm)
@@ -173,7 +157,7 @@ int EpollSet::parkFdsLocked(Entry &e, bool arm)
     if (!s || !readyLocked())
         return 0;
     parkScratch_.clear();
-    const int r = s->parkFds(&parkScratch_, static_cast<int>(toPoll(e.events)));
+    const int r = s->parkFds(&parkScratch_);
     if (r < 0 || parkScratch_.empty())
         return r == -EAGAIN ? -EAGAIN : 0;
     const uint64_t key = keyOf(e);
@@ -186,18 +170,17 @@ int EpollSet::parkFdsLocked(Entry &e, bool arm)
     // One-shot, as a connection's: registered while readable, it fires at once. An fd still
     // armed from an earlier parking (it has not fired since) stays as it is.
     epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLONESHOT;
     for (const pollfd &p : parkScratch_) {
-        const uint32_t events = toEpoll(p.events) | EPOLLONESHOT;
-        ev.events = events;
-        const std::pair<int, uint32_t> armed{p.fd, events};
-        if (std::find(e.armedFds.begin(), e.armedFds.end(), armed) != e.armedFds.end()) {
+        if (std::find(e.armedFds.begin(), e.armedFds.end(), p.fd) != e.armedFds.end()) {
             if (auto own = hintOwner_.find(p.fd); own != hintOwner_.end() && own->second == key)
                 continue;
+            std::erase(e.armedFds, p.fd); // registered for another entry since
         }
-        // Not armed, or for other events, or registered for another entry since.
-        std::erase_if(e.armedFds, [&](const auto &a) { return a.first == p.fd; });
         ev.data.u64 = kParkFdKey + static_cast<uint32_t>(p.fd);
-        int rc = hintArmLocked(p.fd, &ev);
+        int rc = sys::epollCtl(hintEp_, EPOLL_CTL_MOD, p.fd, &ev);
+        if (rc == -ENOENT)
+            rc = sys::epollCtl(hintEp_, EPOLL_CTL_ADD, p.fd, &ev);
         if (rc < 0) {
             RS_LOG(Debug, "epoll %d: cannot watch fd %d's fd %d: %s", epfd_, e.fd, p.fd,
                    strerror(-rc));
@@ -207,7 +190,7 @@ int EpollSet::parkFdsLocked(Entry &e, bool arm)
         hintOwner_[p.fd] = key;
         if (std::find(e.parkFds.begin(), e.parkFds.end(), p.fd) == e.parkFds.end())
             e.parkFds.push_back(p.fd);
-        e.armedFds.push_back(armed);
+        e.armedFds.push_back(p.fd);
     }
     e.fired = false;
     e.parked = true;
@@ -250,7 +233,9 @@ int EpollSet::parkLocked(Entry &e, bool arm)
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLONESHOT;
     ev.data.u64 = key;
-    int r = hintArmLocked(fd, &ev);
+    int r = sys::epollCtl(hintEp_, EPOLL_CTL_MOD, fd, &ev);
+    if (r == -ENOENT)
+        r = sys::epollCtl(hintEp_, EPOLL_CTL_ADD, fd, &ev);
     if (r < 0) {
         RS_LOG(Debug, "epoll %d: cannot watch fd %d's wait fd %d: %s", epfd_, e.fd, fd,
                strerror(-r));
@@ -303,7 +288,7 @@ void EpollSet::takeWakesLocked(bool *kernelReady)
                     continue;
                 key = own->second;
                 if (Entry *e = findLocked(key))
-                    std::erase_if(e->armedFds, [&](const auto &a) { return a.first == fd; });
+                    std::erase(e->armedFds, fd);
             }
             if (Entry *e = findLocked(key); e && e->parked && !e->disabled) {
                 activateLocked(*e);
@@ -346,6 +331,16 @@ int EpollSet::parkAllLocked(std::vector<std::shared_ptr<Pollable>> *socks,
     }
     active_.swap(keep_);
     return result;
+}
+
+void EpollSet::activeMembers(std::vector<std::shared_ptr<Pollable>> *socks)
+{
+    socks->clear();
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (uint64_t key : active_)
+        if (Entry *e = findLocked(key); e && e->active && !e->disabled)
+            if (auto s = e->sock.lock())
+                socks->push_back(std::move(s));
 }
 
 bool EpollSet::unnestKernel()

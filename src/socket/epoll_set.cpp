@@ -434,10 +434,15 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
             sched_yield();
             continue;
         }
-        // Park what can first: a parked member wakes the sleep through the hint epoll (its
-        // parking checks what came since its look), so it needs no wake-up registered and no
-        // second look. A set whose members all park (a listener, sockets waiting for their
-        // first bytes) sleeps after one look.
+        // Register first, then look again, then arm: progress made by another thread after
+        // the look writes the eventfd (or marks a parked entry), progress still pending makes
+        // arming fail. Only the active entries are registered: the parked ones are watched.
+        activeMembers(&registered);
+        Waiters waiters(wakeFd);
+        waiters.addAll(registered);
+        n = check();
+        if (n != 0)
+            return n;
         int hintEp;
         {
             std::lock_guard<std::mutex> lock(mutex_);
@@ -445,34 +450,16 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
                 continue;
             hintEp = hintEp_;
         }
-        Waiters waiters(wakeFd);
-        if (!socks.empty()) {
-            // The others: register, then look again, then arm: progress made by another thread
-            // after the look writes the eventfd (or marks a parked entry), progress still
-            // pending makes arming fail.
-            registered.assign(socks.begin(), socks.end());
-            waiters.addAll(registered);
-            n = check();
-            if (n != 0)
-                return n;
-            {
-                std::lock_guard<std::mutex> lock(mutex_);
-                if (parkAllLocked(&socks, &interest) == -EAGAIN)
-                    continue;
-                hintEp = hintEp_;
-            }
-            // A member that woke during the look and cannot park was not registered: look
-            // again.
-            auto byAddress = [](const auto &a, const auto &b) { return a.get() < b.get(); };
-            std::sort(registered.begin(), registered.end(), byAddress);
-            bool unregistered = false;
-            for (auto &s : socks)
-                if (!std::binary_search(registered.begin(), registered.end(), s, byAddress))
-                    unregistered = true;
-            registered.clear();
-            if (unregistered)
-                continue;
-        }
+        // A member that woke during the look and cannot park was not registered: look again.
+        auto byAddress = [](const auto &a, const auto &b) { return a.get() < b.get(); };
+        std::sort(registered.begin(), registered.end(), byAddress);
+        bool unregistered = false;
+        for (auto &s : socks)
+            if (!std::binary_search(registered.begin(), registered.end(), s, byAddress))
+                unregistered = true;
+        registered.clear();
+        if (unregistered)
+            continue;
         // The kernel's epoll even where the hint epoll holds it: another thread's epoll_ctl may
         // take it out of there (unnestKernel()) while this one sleeps.
         sleepFds.clear();

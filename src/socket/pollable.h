@@ -45,11 +45,10 @@ public:
     // instead of a system call of its own for each. Returns how many were appended.
     virtual int lookFds(std::vector<pollfd> *) { return 0; }
     virtual void lookResults(const pollfd *) {}
-    // For an epoll set that parks a member without a connection (a listener, a shim socket
-    // still on kernel TCP): arms it and appends the fds, each with the events, that fire when
-    // it may have become ready for events; 0, -EAGAIN when something is pending already,
-    // -ENOTSUP when it cannot be parked so.
-    virtual int parkFds(std::vector<pollfd> *, int /*events*/) { return -ENOTSUP; }
+    // For an epoll set that parks a member without a connection (a listener): arms it and
+    // appends the fds that turn readable when it may have become ready; 0, -EAGAIN when
+    // something is pending already, -ENOTSUP when it cannot be parked so.
+    virtual int parkFds(std::vector<pollfd> *) { return -ENOTSUP; }
     // A socket that ended up on kernel TCP (a fallback) belongs in the kernel's poll and epoll:
     // its kernel fd, or -1 while the engine serves it.
     virtual int kernelFd() { return -1; }

@@ -10,8 +10,6 @@
 #include <sys/epoll.h>
 #include <sys/select.h>
 #include <unordered_map>
-#include <unordered_set>
-#include <utility>
 #include <vector>
 
 #include "pollable.h"
@@ -116,11 +114,9 @@ private:
         bool looked = false; // the last look reached connRaw, and lookSeq is its watchSeq()
         uint64_t lookSeq = 0;
         int hintFd = -1; // the fd registered for it in the hint epoll (-1: none)
-        // A member without a connection (a listener, a shim socket on kernel TCP) parks on the
-        // fds it names (parkFds()).
+        // A member without a connection (a listener) parks on the fds it names (parkFds()).
         std::vector<int> parkFds;
-        // Those of them armed now (their one-shot not spent), with the events armed for.
-        std::vector<std::pair<int, uint32_t>> armedFds;
+        std::vector<int> armedFds; // those of them armed now (their one-shot not spent)
     };
     static uint64_t keyOf(const Entry &e) { return uint64_t(e.serial) << 32 | uint32_t(e.fd); }
     Entry *findLocked(uint64_t key);
@@ -155,8 +151,6 @@ private:
     // when arm (its look does not arm it).
     int parkFdsLocked(Entry &e, bool arm);
     void unparkFdsLocked(Entry &e);
-    // Arms fd in the hint epoll for ev (EPOLL_CTL_MOD or _ADD, whichever it needs).
-    int hintArmLocked(int fd, epoll_event *ev);
     // Takes the kernel's epoll out of the hint epoll: true if it was there.
     bool unnestKernel();
     // Takes the wake-ups of parked entries (their fds, their marks) and makes them active;
@@ -169,6 +163,8 @@ private:
     // their results (fds: where the look fds begin in the ppoll's array).
     void gatherLooksLocked();
     void applyLooksLocked(const pollfd *fds);
+    // The live sockets of the active entries (those a sleep may have to wait on as poll does).
+    void activeMembers(std::vector<std::shared_ptr<Pollable>> *socks);
 
     const int epfd_;
     std::mutex mutex_;
@@ -183,9 +179,6 @@ private:
     bool kernelNested_ = false;
     std::shared_ptr<ReadyMarks> marks_;
     std::unordered_map<int, uint64_t> hintOwner_;
-    // The fds this set added to the hint epoll and did not take out (a closed one left it
-    // with its file: its number may be another file's now, which EPOLL_CTL_MOD tells).
-    std::unordered_set<int> inHint_;
     std::vector<uint64_t> marked_; // scratch
     std::vector<pollfd> parkScratch_;
     // collect()'s look fds (Pollable::lookFds) of active members without a connection (a

@@ -104,7 +104,7 @@ public:
     // A listener's: its queue's and its requests' fds, once its hint is armed.
     int lookFds(std::vector<pollfd> *fds) override;
     void lookResults(const pollfd *fds) override;
-    int parkFds(std::vector<pollfd> *fds, int events) override;
+    int parkFds(std::vector<pollfd> *fds) override;
     bool roomSoon() override
     {
         return !roomStalled_.load(std::memory_order_relaxed) ||

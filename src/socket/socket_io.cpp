@@ -400,7 +400,7 @@ void Socket::lookResults(const pollfd *fds)
         listenLook_.compare_exchange_strong(look, look | 1, std::memory_order_relaxed);
 }
 
-int Socket::parkFds(std::vector<pollfd> *fds, int)
+int Socket::parkFds(std::vector<pollfd> *fds)
 {
     {
         std::lock_guard<std::mutex> lock(mutex_);
