@@ -49,9 +49,10 @@ int HybridSocket::clientAnswerLocked()
         stayKernelLocked(Fallback::NotUpgraded, "the server declined");
         return 0;
     }
-    // The switch starts: the fabric connect once libfabric is ready (hybrid_late.cpp).
+    // The switch starts: the fabric connect once libfabric is ready (hybrid_late.cpp), and the
+    // load once the connection has lasted kLoadDelayMs from its HELLO (a server that only reads
+    // holds its ACCEPT back a while, which does not add to that).
     noteEngineUsed();
-    lateSinceMs_ = nowMs();
     latePort_ = msg.port;
     pendingToken_ = msg.token;
     lateRead_ = 0; // the server counts what it writes after its ACCEPT
