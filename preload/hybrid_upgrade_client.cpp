@@ -11,7 +11,6 @@
 #include <cerrno>
 #include <cstring>
 
-#include "clock.h"
 #include "fabric.h"
 #include "hybrid_internal.h"
 #include "upgrade_wire.h"
