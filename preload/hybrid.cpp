@@ -469,10 +469,8 @@ void HybridSocket::beforeFork()
     if (!acceptOwed_.load(std::memory_order_acquire))
         return;
     std::unique_lock<std::mutex> w(lateWriteMutex_, std::try_to_lock);
-    if (w.owns_lock() && acceptOwed_.load() && !sendOwedAcceptLocked()) {
-        acceptOwed_.store(false, std::memory_order_release);
-        acceptDropped_.store(true, std::memory_order_release);
-    }
+    if (w.owns_lock() && acceptOwed_.load() && !sendOwedAcceptLocked())
+        dropOwedAcceptLocked();
 }
 
 void HybridSocket::onForkParent()
@@ -480,14 +478,12 @@ void HybridSocket::onForkParent()
     if (acceptOwed_.load(std::memory_order_acquire)) {
         // Still owed (a write was under way at beforeFork()): the child may write on the
         // connection now, as plain kernel TCP, and an ACCEPT sent after that would land inside
-        // the stream, so none goes, and the next step gives up
-        // (not here: fork's handlers run while other handlers hold the statistics' locks). The
-        // client reads whoever's bytes come first and stays on kernel TCP.
+        // the stream, so none goes. The next step gives up (not here: fork's handlers run while
+        // other handlers hold the statistics' locks); the client reads whoever's bytes come
+        // first and stays on kernel TCP.
         std::unique_lock<std::mutex> w(lateWriteMutex_, std::try_to_lock);
-        if (w.owns_lock() && acceptOwed_.load()) {
-            acceptOwed_.store(false, std::memory_order_release);
-            acceptDropped_.store(true, std::memory_order_release);
-        }
+        if (w.owns_lock() && acceptOwed_.load())
+            dropOwedAcceptLocked();
     }
     std::shared_ptr<Socket> s;
     {

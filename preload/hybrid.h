@@ -230,6 +230,8 @@ private:
     // Server, LateServer: the ACCEPT still owed goes out on its own (its write lock held).
     // False when it could not go: the connection then stays on kernel TCP.
     bool sendOwedAcceptLocked();
+    // Server, LateServer: no ACCEPT will go (its write lock held); the next step gives up.
+    void dropOwedAcceptLocked();
     // Server, LateServer: the program's first write, with the owed ACCEPT ahead of its bytes
     // (lateWriteMutex_ held); lateIo's answer.
     ssize_t writeOwedAcceptLocked(const iovec *iov, int iovcnt, int flags);

@@ -90,6 +90,12 @@ void HybridSocket::serveUpgradeLocked()
     upgrade_.store(Upgrade::LateServer, std::memory_order_release);
 }
 
+void HybridSocket::dropOwedAcceptLocked()
+{
+    acceptOwed_.store(false, std::memory_order_release);
+    acceptDropped_.store(true, std::memory_order_release);
+}
+
 bool HybridSocket::sendOwedAcceptLocked()
 {
     // Not after a byte of ours went some way the shim does not see (splice, io_uring): the
@@ -108,12 +114,8 @@ ssize_t HybridSocket::writeOwedAcceptLocked(const iovec *iov, int iovcnt, int fl
     // must stay the program's last: the ACCEPT goes alone first then).
     ssize_t r;
     if (flags & MSG_OOB || iovcnt >= IOV_MAX) {
-        if (!sendOwedAcceptLocked()) {
-            // Our bytes go first then: the client takes them for no answer, and the next step
-            // gives up here too.
-            acceptOwed_.store(false, std::memory_order_release);
-            acceptDropped_.store(true, std::memory_order_release);
-        }
+        if (!sendOwedAcceptLocked())
+            dropOwedAcceptLocked(); // our bytes go first: the client takes them for no answer
         r = kernelIo(true, iov, iovcnt, flags);
     } else {
         wire::UpgradeMessage msg;
