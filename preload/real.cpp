@@ -36,6 +36,11 @@ int realEpollWait(int epfd, epoll_event *events, int maxevents, int timeout)
     return shim().real.epoll_wait()(epfd, events, maxevents, timeout);
 }
 
+int realEpollPwait(int epfd, epoll_event *events, int maxevents, int timeout, const sigset_t *mask)
+{
+    return shim().real.epoll_pwait()(epfd, events, maxevents, timeout, mask);
+}
+
 int realEpollCtl(int epfd, int op, int fd, epoll_event *event)
 {
     return shim().real.epoll_ctl()(epfd, op, fd, event);
@@ -171,6 +176,7 @@ constexpr sys::Calls gRealCalls = {
     .epollCreate1 = kEpollCreate1,
     .epollCtl = realEpollCtl,
     .epollWait = realEpollWait,
+    .epollPwait = realEpollPwait,
     .eventfd = kEventfd,
     .timerfdCreate = kTimerfdCreate,
     .pipe2 = kPipe2,

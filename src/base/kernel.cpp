@@ -40,6 +40,7 @@ const Calls kLibc = {
     .epollCreate1 = ::epoll_create1,
     .epollCtl = ::epoll_ctl,
     .epollWait = ::epoll_wait,
+    .epollPwait = ::epoll_pwait,
     .eventfd = ::eventfd,
     .timerfdCreate = ::timerfd_create,
     .pipe2 = ::pipe2,

@@ -41,6 +41,7 @@ struct Calls
     int (*epollCreate1)(int);
     int (*epollCtl)(int, int, int, epoll_event *);
     int (*epollWait)(int, epoll_event *, int, int);
+    int (*epollPwait)(int, epoll_event *, int, int, const sigset_t *);
     int (*eventfd)(unsigned int, int);
     int (*timerfdCreate)(int, int);
     int (*pipe2)(int *, int);
@@ -155,6 +156,11 @@ inline int epollCtl(int epfd, int op, int fd, epoll_event *event)
 inline int epollWait(int epfd, epoll_event *events, int maxevents, int timeoutMs)
 {
     return ret(calls().epollWait(epfd, events, maxevents, timeoutMs));
+}
+inline int epollPwait(int epfd, epoll_event *events, int maxevents, int timeoutMs,
+                      const sigset_t *mask)
+{
+    return ret(calls().epollPwait(epfd, events, maxevents, timeoutMs, mask));
 }
 inline int eventfd(unsigned int initval, int flags)
 {

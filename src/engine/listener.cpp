@@ -150,7 +150,6 @@ int Listener::listen(int backlog)
 
 void Listener::pumpLocked()
 {
-    armedClean_ = false;
     while (ready_.size() < backlog_) {
         std::unique_ptr<Connection> conn;
         if (acceptOne(&conn) < 0)
@@ -197,6 +196,10 @@ int Listener::readRequestLocked(fi_info **info, wire::Hello *peer)
         ssize_t ret = fi_eq_read(eq_, &event, buf, sizeof(buf), 0);
         if (ret == -FI_EAGAIN)
             return -EAGAIN;
+        // Something was read: the wait fd may stay signalled until the next trywait. A read
+        // that found nothing leaves an arm as it was (accept reads at every call, and the
+        // poller's parking after it then needs no trywait: two system calls on tcp).
+        armedClean_ = false;
         if (ret == -FI_EAVAIL) {
             fi_eq_err_entry err{};
             fi_eq_readerr(eq_, &err, 0);

@@ -93,7 +93,7 @@ private:
     size_t backlog_ = 1;
     std::atomic<bool> deferring_{false};
     std::atomic<bool> hintArmed_{false};
-    bool armedClean_ = false; // trywait succeeded, and the EQ was not read since (mutex_)
+    bool armedClean_ = false; // trywait succeeded, and nothing was read from the EQ since (mutex_)
     std::deque<std::unique_ptr<Connection>> ready_; // handshakes answered, not yet accepted
 };
 

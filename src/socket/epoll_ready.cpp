@@ -79,6 +79,7 @@ void EpollSet::forgetAfterForkLocked()
         e.hintFd = -1;
         e.parkFds.clear();
         e.armedFds.clear();
+        e.firedFds.clear();
         e.parked = false;
         e.fired = false;
         e.idleSinceNs = 0;
@@ -87,6 +88,8 @@ void EpollSet::forgetAfterForkLocked()
             active_.push_back(keyOf(e));
     }
     hintOwner_.clear();
+    slept_.clear();
+    sleptAll_ = false;
     marks_.reset();
     if (hintEp_ >= 0)
         sys::close(hintEp_);
@@ -147,6 +150,7 @@ void EpollSet::unparkFdsLocked(Entry &e)
     }
     e.parkFds.clear();
     e.armedFds.clear();
+    e.firedFds.clear();
 }
 
 int EpollSet::parkFdsLocked(Entry &e, bool arm)
@@ -192,9 +196,28 @@ int EpollSet::parkFdsLocked(Entry &e, bool arm)
             e.parkFds.push_back(p.fd);
         e.armedFds.push_back(p.fd);
     }
+    e.firedFds.clear();
     e.fired = false;
     e.parked = true;
     return 1;
+}
+
+bool EpollSet::lookFromWakesLocked(const Entry &e, pollfd *fds, int n)
+{
+    const uint64_t key = keyOf(e);
+    for (int i = 0; i < n; i++) {
+        pollfd &p = fds[i];
+        auto own = hintOwner_.find(p.fd);
+        if (own == hintOwner_.end() || own->second != key)
+            return false;
+        if (std::find(e.firedFds.begin(), e.firedFds.end(), p.fd) != e.firedFds.end())
+            p.revents = static_cast<short>(p.events & POLLIN);
+        else if (std::find(e.armedFds.begin(), e.armedFds.end(), p.fd) != e.armedFds.end())
+            p.revents = 0;
+        else
+            return false;
+    }
+    return true;
 }
 
 int EpollSet::parkLocked(Entry &e, bool arm)
@@ -261,42 +284,73 @@ int EpollSet::parkLocked(Entry &e, bool arm)
 
 void EpollSet::takeWakesLocked(bool *kernelReady)
 {
-    epoll_event buf[64];
+    if (sleptAll_ || !slept_.empty()) {
+        // What a sleep in the hint epoll returned: when that was all it had, no epoll_wait
+        // now (what came since is in the hint epoll for the next wait).
+        applyWakesLocked(slept_.data(), static_cast<int>(slept_.size()), kernelReady);
+        const bool all = sleptAll_;
+        slept_.clear();
+        sleptAll_ = false;
+        if (all)
+            return;
+    }
+    epoll_event buf[kWakeBatch];
     for (;;) {
-        const int k = sys::epollWait(hintEp_, buf, 64, 0);
+        const int k = sys::epollWait(hintEp_, buf, kWakeBatch, 0);
         if (k <= 0)
             return;
-        for (int i = 0; i < k; i++) {
-            if (buf[i].data.u64 == kKernelKey) {
-                *kernelReady = true;
+        applyWakesLocked(buf, k, kernelReady);
+        if (k < kWakeBatch)
+            return;
+    }
+}
+
+int EpollSet::sleepOnHint(int hintEp, int64_t deadlineNs, const sigset_t *mask)
+{
+    epoll_event buf[kWakeBatch];
+    const int r = sys::epollPwait(hintEp, buf, kWakeBatch, remainingMs(deadlineNs), mask);
+    if (r < 0)
+        return r;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (hintEp_ == hintEp) {
+        slept_.assign(buf, buf + r);
+        sleptAll_ = r < kWakeBatch;
+    }
+    return 0;
+}
+
+void EpollSet::applyWakesLocked(const epoll_event *buf, int k, bool *kernelReady)
+{
+    for (int i = 0; i < k; i++) {
+        if (buf[i].data.u64 == kKernelKey) {
+            *kernelReady = true;
+            continue;
+        }
+        if (buf[i].data.u64 == kMarksKey) {
+            marked_.clear();
+            marks_->take(&marked_);
+            for (uint64_t key : marked_)
+                if (Entry *e = findLocked(key); e && !e->disabled)
+                    activateLocked(*e);
+            continue;
+        }
+        uint64_t key = buf[i].data.u64;
+        if (key >= kParkFdKey && key < kEntryKeys) {
+            // A parked fd of a member without a connection: its one-shot is spent.
+            const int fd = static_cast<int>(key - kParkFdKey);
+            auto own = hintOwner_.find(fd);
+            if (own == hintOwner_.end())
                 continue;
-            }
-            if (buf[i].data.u64 == kMarksKey) {
-                marked_.clear();
-                marks_->take(&marked_);
-                for (uint64_t key : marked_)
-                    if (Entry *e = findLocked(key); e && !e->disabled)
-                        activateLocked(*e);
-                continue;
-            }
-            uint64_t key = buf[i].data.u64;
-            if (key >= kParkFdKey && key < kEntryKeys) {
-                // A parked fd of a member without a connection: its one-shot is spent.
-                const int fd = static_cast<int>(key - kParkFdKey);
-                auto own = hintOwner_.find(fd);
-                if (own == hintOwner_.end())
-                    continue;
-                key = own->second;
-                if (Entry *e = findLocked(key))
-                    std::erase(e->armedFds, fd);
-            }
-            if (Entry *e = findLocked(key); e && e->parked && !e->disabled) {
-                activateLocked(*e);
-                e->fired = true;
+            key = own->second;
+            if (Entry *e = findLocked(key)) {
+                std::erase(e->armedFds, fd);
+                e->firedFds.push_back(fd);
             }
         }
-        if (k < 64)
-            return;
+        if (Entry *e = findLocked(key); e && e->parked && !e->disabled) {
+            activateLocked(*e);
+            e->fired = true;
+        }
     }
 }
 
@@ -350,6 +404,10 @@ bool EpollSet::unnestKernel()
         return false;
     (void)sys::epollCtl(hintEp_, EPOLL_CTL_DEL, epfd_, nullptr);
     kernelNested_ = false;
+    // A wait asleep in the hint epoll alone would not see the kernel's events: a mark (of no
+    // member) wakes it, and it sleeps on both from then on.
+    if (marks_)
+        marks_->mark(kMarksKey);
     return true;
 }
 

@@ -186,14 +186,14 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
         // its look fds in the one ppoll too, not a system call of its own (and a read of its
         // fabric listener's EQ that its look shows quiet).
         takeWakesLocked(kernelReady);
-        gatherLooksLocked();
+        gatherLooksLocked(true);
         if (!lookScratch_.empty()) {
             const timespec zero{0, 0};
             if (sys::ppoll(lookScratch_.data(), lookScratch_.size(), &zero, nullptr) >= 0)
                 applyLooksLocked(lookScratch_.data());
         }
     } else {
-        gatherLooksLocked();
+        gatherLooksLocked(false);
         // Without a hint epoll yet, its entry is -1, which ppoll skips.
         lookScratch_.insert(lookScratch_.begin(), {{epfd_, POLLIN, 0}, {hintEp_, POLLIN, 0}});
         const timespec zero{0, 0};
@@ -282,12 +282,12 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
     return n;
 }
 
-void EpollSet::gatherLooksLocked()
+void EpollSet::gatherLooksLocked(bool fresh)
 {
     lookScratch_.clear();
     lookers_.clear();
     for (const uint64_t key : active_) {
-        const Entry *e = findLocked(key);
+        Entry *e = findLocked(key);
         // A member whose last look reached a connection has none.
         if (!e || !e->active || e->disabled || e->connRaw)
             continue;
@@ -295,8 +295,18 @@ void EpollSet::gatherLooksLocked()
         if (!s)
             continue;
         const size_t at = lookScratch_.size();
-        if (s->lookFds(&lookScratch_) > 0)
+        const int n = s->lookFds(&lookScratch_);
+        // Woken by its parked fds just now (a listener's connection came): their wake-ups
+        // say what the ppoll would, a system call less per connection accepted. Once only:
+        // the fds that fired are armed no more, and the next look asks the kernel.
+        if (n > 0 && fresh && !e->firedFds.empty() &&
+            lookFromWakesLocked(*e, &lookScratch_[at], n)) {
+            s->lookResults(&lookScratch_[at]);
+            lookScratch_.resize(at);
+        } else if (n > 0) {
             lookers_.emplace_back(std::move(s), at);
+        }
+        e->firedFds.clear();
     }
 }
 
@@ -440,15 +450,22 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         activeMembers(&registered);
         Waiters waiters(wakeFd);
         waiters.addAll(registered);
-        n = check();
-        if (n != 0)
-            return n;
+        // With no member active, nothing was registered that the look could have missed: what
+        // came since the last one waits in the hint epoll (or the kernel's) for the sleep.
+        const bool anyActive = !registered.empty();
+        if (anyActive) {
+            n = check();
+            if (n != 0)
+                return n;
+        }
         int hintEp;
+        bool nested;
         {
             std::lock_guard<std::mutex> lock(mutex_);
             if (parkAllLocked(&socks, &interest) == -EAGAIN)
                 continue;
             hintEp = hintEp_;
+            nested = kernelNested_;
         }
         // A member that woke during the look and cannot park was not registered: look again.
         auto byAddress = [](const auto &a, const auto &b) { return a.get() < b.get(); };
@@ -460,6 +477,15 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         registered.clear();
         if (unregistered)
             continue;
+        const sigset_t *sleepMask = held.sleepMask(mask);
+        if (!anyActive && socks.empty() && nested && hintEp >= 0) {
+            // Everything that can wake it is in the hint epoll: one epoll_pwait, whose events
+            // the look after it takes (the ppoll below, then that look's epoll_wait, are two
+            // system calls, and an idle server's every request paid them).
+            if (int r = sleepOnHint(hintEp, deadline, sleepMask); r < 0)
+                return r;
+            continue;
+        }
         // The kernel's epoll even where the hint epoll holds it: another thread's epoll_ctl may
         // take it out of there (unnestKernel()) while this one sleeps.
         sleepFds.clear();
@@ -467,7 +493,6 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         sleepFds.push_back({wakeFd, POLLIN, 0});
         if (hintEp >= 0)
             sleepFds.push_back({hintEp, POLLIN, 0});
-        const sigset_t *sleepMask = held.sleepMask(mask);
         if (int r = armAndSleep(socks, interest, &sleepFds, deadline, sleepMask, waiters); r < 0)
             return r;
         socks.clear();

@@ -117,6 +117,7 @@ private:
         // A member without a connection (a listener) parks on the fds it names (parkFds()).
         std::vector<int> parkFds;
         std::vector<int> armedFds; // those of them armed now (their one-shot not spent)
+        std::vector<int> firedFds; // those whose wake-up came since its last look
     };
     static uint64_t keyOf(const Entry &e) { return uint64_t(e.serial) << 32 | uint32_t(e.fd); }
     Entry *findLocked(uint64_t key);
@@ -156,12 +157,22 @@ private:
     // Takes the wake-ups of parked entries (their fds, their marks) and makes them active;
     // *kernelReady: whether the kernel's epoll, nested in the hint epoll, has events.
     void takeWakesLocked(bool *kernelReady);
+    void applyWakesLocked(const epoll_event *buf, int k, bool *kernelReady);
+    // wait()'s sleep when nothing but the hint epoll can wake it (every member parked, the
+    // kernel's epoll nested, no wake-up registered): one epoll_pwait, whose events the next
+    // look takes (slept_). 0, or -errno (-EINTR).
+    int sleepOnHint(int hintEp, int64_t deadlineNs, const sigset_t *mask);
     // Before sleeping: every active entry is parked, or listed in socks (with interest) to sleep
     // on as poll does. -EAGAIN: something changed, look again.
     int parkAllLocked(std::vector<std::shared_ptr<Pollable>> *socks, std::vector<short> *interest);
     // collect()'s batched look: the look fds of its active members without a connection, then
     // their results (fds: where the look fds begin in the ppoll's array).
-    void gatherLooksLocked();
+    // fresh: the wake-ups were taken just before (what fired is known, lookFromWakesLocked).
+    void gatherLooksLocked(bool fresh);
+    // A woken listener's look answered from its parked fds: those that fired are readable,
+    // those still armed are not (their wake-up would have come with the others). False when
+    // a look fd is neither (the ppoll looks then).
+    bool lookFromWakesLocked(const Entry &e, pollfd *fds, int n);
     void applyLooksLocked(const pollfd *fds);
     // The live sockets of the active entries (those a sleep may have to wait on as poll does).
     void activeMembers(std::vector<std::shared_ptr<Pollable>> *socks);
@@ -180,6 +191,9 @@ private:
     std::shared_ptr<ReadyMarks> marks_;
     std::unordered_map<int, uint64_t> hintOwner_;
     std::vector<uint64_t> marked_; // scratch
+    static constexpr int kWakeBatch = 64;
+    std::vector<epoll_event> slept_; // the events of the last sleepOnHint(), not taken yet
+    bool sleptAll_ = false;          // and they are all it had
     std::vector<pollfd> parkScratch_;
     // collect()'s look fds (Pollable::lookFds) of active members without a connection (a
     // listener, a socket in its switch), checked in its one ppoll; their sockets, and where

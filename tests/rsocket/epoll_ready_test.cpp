@@ -501,6 +501,109 @@ TEST_P(EpollReady, SignalDuringTheSpinEndsTheWaitWithEintr)
     gPollMembers[0].reset();
 }
 
+// The calls of one thread (the one that sets tCounting): the progress thread's are not counted.
+thread_local bool tCounting = false;
+std::atomic<int> gWaitPpolls{0}, gEpollWaits{0}, gEpollPwaits{0};
+int threadPpoll(pollfd *fds, nfds_t n, const timespec *t, const sigset_t *mask)
+{
+    gWaitPpolls += tCounting;
+    return ::ppoll(fds, n, t, mask);
+}
+int threadEpollWait(int ep, epoll_event *ev, int n, int t)
+{
+    gEpollWaits += tCounting;
+    return ::epoll_wait(ep, ev, n, t);
+}
+int threadEpollPwait(int ep, epoll_event *ev, int n, int t, const sigset_t *mask)
+{
+    gEpollPwaits += tCounting;
+    return ::epoll_pwait(ep, ev, n, t, mask);
+}
+
+// A wait whose members are all parked sleeps in one epoll_pwait of the hint epoll, and what
+// that returns is what the look after it takes: no ppoll, no epoll_wait after the sleep and
+// none between the registration and the sleep (there were an epoll_wait there, a ppoll to sleep
+// in and an epoll_wait after it: three calls more for each request of a mostly idle server).
+// A listener woken by a connect is reported without a look at its fds: its fd that fired says
+// so (a ppoll less for each connection accepted). Its wake-up may come before the provider has
+// the whole request (then a look more finds it): one of a few connects suffices there.
+TEST_P(EpollReady, ParkedMembersSleepInOneEpollPwait)
+{
+    epoll_event lev{};
+    lev.events = EPOLLIN;
+    lev.data.u64 = 999;
+    ASSERT_EQ(set_->ctl(EPOLL_CTL_ADD, 999, &lev, listener_), 0);
+    connectPairs(3);
+    static sys::Calls table = [] {
+        sys::Calls t = sys::kLibc;
+        t.ppoll = threadPpoll;
+        t.epollWait = threadEpollWait;
+        t.epollPwait = threadEpollPwait;
+        return t;
+    }();
+    epoll_event out[4];
+    int quietConnects = 0;
+    for (int round = 0; round < 8; round++) {
+        SCOPED_TRACE(round);
+        ASSERT_TRUE(parked(4)) << set_->parkedCount() << " of 4 parked";
+        const bool connect = round >= 3;
+        if (connect && quietConnects > 0)
+            break;
+        auto c = std::make_shared<Socket>(AF_INET, settings_);
+        std::thread t([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            if (connect)
+                EXPECT_EQ(c->connect(reinterpret_cast<sockaddr *>(&addr_), sizeof(addr_)), 0);
+            else
+                sendByte(*pairs_[size_t(round)].first);
+        });
+        sys::bind(&table);
+        gWaitPpolls = gEpollWaits = gEpollPwaits = 0;
+        tCounting = true;
+        const int n = set_->wait(out, 4, 5000, nullptr, 0);
+        tCounting = false;
+        sys::bind(&sys::kLibc);
+        const int ppolls = gWaitPpolls, waits = gEpollWaits, pwaits = gEpollPwaits;
+        ASSERT_EQ(n, 1);
+        EXPECT_EQ(out[0].data.u64, connect ? 999u : uint64_t(round));
+        EXPECT_TRUE(out[0].events & EPOLLIN);
+        EXPECT_EQ(pwaits, 1) << "not one sleep in the hint epoll";
+        if (connect) {
+            quietConnects += ppolls == 0 && waits <= 1;
+        } else {
+            EXPECT_EQ(ppolls, 0) << "a ppoll beside it";
+            EXPECT_LE(waits, 1) << "epoll_wait calls beside the look before the sleep";
+        }
+        if (connect) {
+            std::shared_ptr<Socket> s;
+            ASSERT_EQ(listener_->accept(&s, nullptr, nullptr), 0);
+            t.join();
+            s->close();
+            c->close();
+        } else {
+            t.join();
+            char b;
+            iovec v{&b, 1};
+            ASSERT_EQ(pairs_[size_t(round)].second->recv(&v, 1, 0), 1);
+        }
+    }
+    EXPECT_EQ(quietConnects, 1) << "every connect's wake-up was looked at again";
+}
+
+// A signal during that sleep ends the wait with EINTR, as it ends the kernel's epoll_wait.
+TEST_P(EpollReady, SignalDuringTheSleepEndsTheWaitWithEintr)
+{
+    connectPairs(2);
+    ASSERT_TRUE(parked(2));
+    const auto i = rstest::interruptAfter30ms([&] {
+        epoll_event out[4];
+        return set_->wait(out, 4, 3000, nullptr, 0);
+    });
+    EXPECT_EQ(i.handlers, 1);
+    EXPECT_EQ(i.result, -EINTR) << "after " << i.ms << " ms";
+    EXPECT_LT(i.ms, 2000) << "the wait slept on after the signal";
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, EpollReady, ::testing::ValuesIn(kModes),
                          [](const auto &p) { return std::string(p.param.name); });
 
