@@ -107,7 +107,8 @@ std::shared_ptr<Pollable> Shim::pollable(int fd)
     return unlessKernel(sockets_.get(fd));
 }
 
-void Shim::trackKernelAccept(int listenFd, int fd, bool dual, int flags)
+void Shim::trackKernelAccept(int listenFd, int fd, bool dual, int flags,
+                             const sockaddr_storage *peer, socklen_t plen)
 {
     const int saved = errno;
     try {
@@ -129,26 +130,30 @@ void Shim::trackKernelAccept(int listenFd, int fd, bool dual, int flags)
             if (listener) {
                 auto s = HybridSocket::acceptedKernel(fd, listener->family(), flags & SOCK_NONBLOCK,
                                                       shimConfig());
+                sockaddr_storage local;
+                const socklen_t llen = listener->acceptedLocal(&local);
+                if (llen || plen)
+                    s->knowAddresses(local, llen, plen ? *peer : sockaddr_storage{}, plen);
                 if (installSocket(fd, std::move(s))) {
                     errno = saved;
                     return;
                 }
             }
         }
-        sockaddr_storage local{};
-        sockaddr_storage peer{};
-        socklen_t llen = sizeof(local);
-        socklen_t plen = sizeof(peer);
-        if (real.getsockname()(fd, reinterpret_cast<sockaddr *>(&local), &llen) != 0)
-            llen = 0;
-        if (real.getpeername()(fd, reinterpret_cast<sockaddr *>(&peer), &plen) != 0)
-            plen = 0;
-        auto record =
-            std::make_shared<ConnRecord>(fd, false, why, true, reinterpret_cast<sockaddr *>(&local),
-                                         llen, reinterpret_cast<sockaddr *>(&peer), plen);
+        sockaddr_storage kLocal{};
+        sockaddr_storage kPeer{};
+        socklen_t kLocalLen = sizeof(kLocal);
+        socklen_t kPeerLen = sizeof(kPeer);
+        if (real.getsockname()(fd, reinterpret_cast<sockaddr *>(&kLocal), &kLocalLen) != 0)
+            kLocalLen = 0;
+        if (real.getpeername()(fd, reinterpret_cast<sockaddr *>(&kPeer), &kPeerLen) != 0)
+            kPeerLen = 0;
+        auto record = std::make_shared<ConnRecord>(fd, false, why, true,
+                                                   reinterpret_cast<sockaddr *>(&kLocal), kLocalLen,
+                                                   reinterpret_cast<sockaddr *>(&kPeer), kPeerLen);
         countFallback(why);
         RS_LOG_FD(Info, fd, "kernel TCP from %s: %s (%s)",
-                  addressText(reinterpret_cast<sockaddr *>(&peer)).c_str(), fallbackName(why),
+                  addressText(reinterpret_cast<sockaddr *>(&kPeer)).c_str(), fallbackName(why),
                   dual ? "the peer connected over kernel TCP"
                        : "accepted on a listener without a fabric side");
         kernelConns_.set(fd, std::move(record));

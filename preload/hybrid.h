@@ -60,6 +60,15 @@ bool shimListenerHere(const sockaddr *dest);
 // Whether this process has used the fabric (a fork child of such a process must not).
 bool engineUsed();
 
+// A kernel socket's local and peer addresses (length 0: not known), for records and logs.
+struct KernelAddresses
+{
+    sockaddr_storage local{}, peer{};
+    socklen_t localLen = sizeof(local), peerLen = sizeof(peer);
+    const sockaddr *localAddr() const { return reinterpret_cast<const sockaddr *>(&local); }
+    const sockaddr *peerAddr() const { return reinterpret_cast<const sockaddr *>(&peer); }
+};
+
 class HybridSocket : public Pollable
 {
 public:
@@ -81,6 +90,14 @@ public:
     // the fabric at its first I/O in whichever process does it, when the client offers.
     static std::shared_ptr<HybridSocket> acceptedKernel(int fd, int family, bool nonblocking,
                                                         const ShimConfig &config);
+    // What a new socket's addresses are known to be without asking the kernel (accept4 gave
+    // the peer's; a listener bound to one address gives the local one): len 0 for unknown.
+    // Before the socket is shared.
+    void knowAddresses(const sockaddr_storage &local, socklen_t llen, const sockaddr_storage &peer,
+                       socklen_t plen);
+    // A listener's local address, when its accepted connections all have it (bound to one
+    // address): 0 otherwise.
+    socklen_t acceptedLocal(sockaddr_storage *out);
 
     int fd() const { return fd_; }
     // Kernel TCP with an in-band upgrade still possible (client or server side): the shim
@@ -124,7 +141,10 @@ public:
     // A new fd: for a fabric connection *newSock is its HybridSocket (the caller installs it
     // under the returned fd); for a kernel connection *newSock stays null (the caller keeps its
     // record: a fallback of reason kernel_peer).
-    int accept(sockaddr *addr, socklen_t *len, int flags, std::shared_ptr<HybridSocket> *newSock);
+    // A kernel connection's peer address lands in *kpeer (*kplen 0 when the call did not
+    // give it whole).
+    int accept(sockaddr *addr, socklen_t *len, int flags, std::shared_ptr<HybridSocket> *newSock,
+               sockaddr_storage *kpeer = nullptr, socklen_t *kplen = nullptr);
     // A listener that serves kernel TCP only (its fabric side could not be had), and why: the
     // caller records the connections it accepts (kernel accept on its fd) as such fallbacks.
     bool kernelListener(Fallback *why);
@@ -340,6 +360,13 @@ private:
     socklen_t boundLen_ = 0;
     sockaddr_storage peer_{}; // the address the application connected to
     socklen_t peerLen_ = 0;
+    // The kernel connection's addresses where known without a system call (knowAddresses(),
+    // a connect's specific address), for addresses(): len 0 for unknown. Set before the
+    // socket is shared, or under upgradeMutex_ (connect).
+    sockaddr_storage knownLocal_{}, knownPeer_{};
+    socklen_t knownLocalLen_ = 0, knownPeerLen_ = 0;
+    sockaddr_storage listenLocal_{}; // a listener's, when bound to one address (mutex_)
+    socklen_t listenLocalLen_ = 0;
     bool fallbackCounted_ = false;
     Fallback fallback_ = Fallback::None; // why this socket (or listener) is on kernel TCP
     bool kernelListener_ = false;
@@ -390,6 +417,8 @@ private:
                                                 // (the client's fabric connect, the server's claim)
     socklen_t lateLocalLen_ = 0, latePeerLen_ = 0;
     void lateNoteAddresses();
+    // The kernel connection's addresses: the known ones, the others from the kernel.
+    KernelAddresses addresses();
     // Moved on the fabric before the socket became a fabric one (added to its record then).
     std::atomic<uint64_t> lateFabricSent_{0}, lateFabricReceived_{0};
 };

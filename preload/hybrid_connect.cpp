@@ -258,6 +258,10 @@ int HybridSocket::connectKernel(const sockaddr *addr, socklen_t len, bool inet, 
             // at the first I/O, to the address the application connected to.
             peerLen_ = std::min<socklen_t>(len, sizeof(peer_));
             std::memcpy(&peer_, addr, peerLen_);
+            if (specificAddress(addr, len)) { // the kernel's peer, for the record at close
+                knownPeer_ = peer_;
+                knownPeerLen_ = peerLen_;
+            }
             upgrade_.store(Upgrade::Offer, std::memory_order_release);
         }
     }

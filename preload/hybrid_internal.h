@@ -18,16 +18,6 @@ void noteEngineUsed();
 // well within the time a client lets a connection run before it switches (kLoadDelayMs).
 constexpr int64_t kAcceptDelayMs = 20;
 
-// A kernel socket's local and peer addresses (length 0: not known), for records and logs.
-struct KernelAddresses
-{
-    sockaddr_storage local{}, peer{};
-    socklen_t localLen = sizeof(local), peerLen = sizeof(peer);
-    const sockaddr *localAddr() const { return reinterpret_cast<const sockaddr *>(&local); }
-    const sockaddr *peerAddr() const { return reinterpret_cast<const sockaddr *>(&peer); }
-};
-KernelAddresses kernelAddresses(int fd);
-
 // The engine's settings for the shim's fabric sockets: their connects can take a Defer
 // refusal, their listeners defer other processes' connects (Settings::upgrade).
 Settings upgradeSettings();

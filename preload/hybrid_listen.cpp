@@ -35,6 +35,10 @@ int HybridSocket::listen(int backlog)
         return r;
     int port = addressPort(reinterpret_cast<sockaddr *>(&local));
     int fport = config_.fabricPort(port);
+    if (specificAddress(reinterpret_cast<sockaddr *>(&local), llen)) {
+        listenLocal_ = local; // accepted connections have it as theirs
+        listenLocalLen_ = llen;
+    }
     std::shared_ptr<Socket> s;
     Fallback why = Fallback::None;
     int err = 0;
@@ -98,8 +102,16 @@ int HybridSocket::listen(int backlog)
     return 0;
 }
 
+socklen_t HybridSocket::acceptedLocal(sockaddr_storage *out)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    *out = listenLocal_;
+    return listenLocalLen_;
+}
+
 int HybridSocket::accept(sockaddr *addr, socklen_t *len, int flags,
-                         std::shared_ptr<HybridSocket> *newSock)
+                         std::shared_ptr<HybridSocket> *newSock, sockaddr_storage *kpeer,
+                         socklen_t *kplen)
 {
     if (flags & ~(SOCK_NONBLOCK | SOCK_CLOEXEC))
         return -EINVAL;
@@ -161,9 +173,29 @@ int HybridSocket::accept(sockaddr *addr, socklen_t *len, int flags,
                 if (r != -EAGAIN)
                     RS_LOG_FD(Debug, fd_, "fabric accept: %s", strerror(-r));
             } else if (!fabric) {
-                int r = sys::accept4(fd_, addr, len, flags);
-                if (r >= 0)
+                // The peer's address is kept (the connection's record needs it, and asking
+                // for it at close is a system call): in the caller's buffer when it gives one,
+                // else in kpeer.
+                sockaddr_storage own;
+                socklen_t ownLen = sizeof(own);
+                const bool theirs = addr || !kpeer;
+                const socklen_t given = addr && len ? *len : 0;
+                int r = theirs
+                            ? sys::accept4(fd_, addr, len, flags)
+                            : sys::accept4(fd_, reinterpret_cast<sockaddr *>(&own), &ownLen, flags);
+                if (r >= 0) {
+                    if (kpeer && kplen) {
+                        *kplen = 0;
+                        if (!theirs) {
+                            *kpeer = own;
+                            *kplen = ownLen;
+                        } else if (addr && len && *len <= given && *len <= sizeof(*kpeer)) {
+                            std::memcpy(kpeer, addr, *len);
+                            *kplen = *len;
+                        }
+                    }
                     return r; // the caller records it (kernel_peer)
+                }
                 if (r != -EAGAIN && r != -EWOULDBLOCK)
                     return r;
             }

@@ -34,6 +34,51 @@ std::shared_ptr<HybridSocket> HybridSocket::acceptedKernel(int fd, int family, b
     return s;
 }
 
+void HybridSocket::knowAddresses(const sockaddr_storage &local, socklen_t llen,
+                                 const sockaddr_storage &peer, socklen_t plen)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    knownLocal_ = local;
+    knownLocalLen_ = llen;
+    knownPeer_ = peer;
+    knownPeerLen_ = plen;
+}
+
+KernelAddresses HybridSocket::addresses()
+{
+    KernelAddresses a;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        a.local = knownLocal_;
+        a.localLen = knownLocalLen_;
+        a.peer = knownPeer_;
+        a.peerLen = knownPeerLen_;
+    }
+    // A connection's addresses do not change: one fetched now is known from then on (a
+    // record at close asked the kernel for both, two system calls a short connection).
+    bool fetched = false;
+    if (!a.localLen) {
+        a.localLen = sizeof(a.local);
+        if (sys::getsockname(fd_, reinterpret_cast<sockaddr *>(&a.local), &a.localLen) != 0)
+            a.localLen = 0;
+        fetched = a.localLen != 0;
+    }
+    if (!a.peerLen) {
+        a.peerLen = sizeof(a.peer);
+        if (sys::getpeername(fd_, reinterpret_cast<sockaddr *>(&a.peer), &a.peerLen) != 0)
+            a.peerLen = 0;
+        fetched = fetched || a.peerLen != 0;
+    }
+    if (fetched) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        knownLocal_ = a.local;
+        knownLocalLen_ = a.localLen;
+        knownPeer_ = a.peer;
+        knownPeerLen_ = a.peerLen;
+    }
+    return a;
+}
+
 char HybridSocket::inheritableUpgrade()
 {
     std::lock_guard<std::mutex> lock(upgradeMutex_);
@@ -141,26 +186,16 @@ bool HybridSocket::sendUpgradeMessage(int type, uint16_t port, uint64_t token)
 
 void HybridSocket::lateNoteAddresses()
 {
-    const KernelAddresses a = kernelAddresses(fd_);
+    const KernelAddresses a = addresses();
     lateLocal_ = a.local;
     lateLocalLen_ = a.localLen;
     latePeer_ = a.peer;
     latePeerLen_ = a.peerLen;
 }
 
-KernelAddresses kernelAddresses(int fd)
-{
-    KernelAddresses a;
-    if (sys::getsockname(fd, reinterpret_cast<sockaddr *>(&a.local), &a.localLen) != 0)
-        a.localLen = 0;
-    if (sys::getpeername(fd, reinterpret_cast<sockaddr *>(&a.peer), &a.peerLen) != 0)
-        a.peerLen = 0;
-    return a;
-}
-
 void HybridSocket::stayKernelLocked(Fallback why, const char *detail)
 {
-    const KernelAddresses a = kernelAddresses(fd_);
+    const KernelAddresses a = addresses();
     const socklen_t plen = a.peerLen;
     {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -187,7 +222,7 @@ void HybridSocket::stayKernelLocked(Fallback why, const char *detail)
 void HybridSocket::adoptUpgradedLocked(std::shared_ptr<Socket> s, bool accepted)
 {
     s->setNonblocking(nonblocking());
-    KernelAddresses a = kernelAddresses(fd_);
+    KernelAddresses a = addresses();
     if (latePeerLen_) {
         a.local = lateLocal_;
         a.localLen = lateLocalLen_;

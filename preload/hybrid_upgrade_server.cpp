@@ -63,13 +63,12 @@ int HybridSocket::serverUpgradeLocked(bool out)
 
 void HybridSocket::serveUpgradeLocked()
 {
-    sockaddr_storage local{};
-    socklen_t llen = sizeof(local);
+    const KernelAddresses a = addresses();
     int err = 0;
     std::shared_ptr<UpgradeListener> ul;
-    if (sys::getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen) == 0) {
+    if (a.localLen) {
         noteEngineUsed();
-        ul = UpgradeListener::forAddress(reinterpret_cast<sockaddr *>(&local), llen, &err);
+        ul = UpgradeListener::forAddress(a.localAddr(), a.localLen, &err);
     }
     if (!ul) {
         sendUpgradeMessage(static_cast<int>(wire::UpgradeType::Decline));

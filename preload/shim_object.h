@@ -140,7 +140,9 @@ private:
     // fd was accepted on kernel TCP from listener (its fd listenFd, with accept4's flags):
     // records it as a fallback, kernel_peer when the listener has a fabric side (dual), else
     // the listener's reason.
-    void trackKernelAccept(int listenFd, int fd, bool dual, int flags);
+    // peer: the connection's peer address when accept4 gave it (null: not known).
+    void trackKernelAccept(int listenFd, int fd, bool dual, int flags,
+                           const sockaddr_storage *peer = nullptr, socklen_t plen = 0);
 
     // shim_setup.cpp
     bool candidate(int domain, int type, int protocol) const;

@@ -83,10 +83,12 @@ int Shim::acceptImpl(const void *ra, Real kernel, int fd, sockaddr *addr, sockle
     return boundary([&]() -> int {
         pthread_testcancel();
         std::shared_ptr<HybridSocket> fresh;
+        sockaddr_storage peer;
+        socklen_t plen = 0;
         int r;
         {
             EngineCall ec;
-            r = s->accept(addr, len, flags, &fresh);
+            r = s->accept(addr, len, flags, &fresh, &peer, &plen);
         }
         if (r < 0)
             return r;
@@ -95,7 +97,7 @@ int Shim::acceptImpl(const void *ra, Real kernel, int fd, sockaddr *addr, sockle
             if (!installSocket(r, std::move(fresh)))
                 RS_LOG_FD(Error, r, "preload: beyond the fd table; its connection is lost");
         } else {
-            trackKernelAccept(fd, r, true, flags);
+            trackKernelAccept(fd, r, true, flags, plen ? &peer : nullptr, plen);
         }
         return r;
     });

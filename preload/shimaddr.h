@@ -21,6 +21,23 @@ inline void setPort(sockaddr_storage *ss, int port)
         reinterpret_cast<sockaddr_in6 *>(ss)->sin6_port = htons(static_cast<uint16_t>(port));
 }
 
+// An address that names one host and port (not 0.0.0.0, ::, ::ffff:0.0.0.0 or port 0): what a
+// socket bound or connected to it reports as its own or its peer's.
+inline bool specificAddress(const sockaddr *addr, socklen_t len)
+{
+    if (addr->sa_family == AF_INET && len >= sizeof(sockaddr_in)) {
+        auto *in = reinterpret_cast<const sockaddr_in *>(addr);
+        return in->sin_addr.s_addr != htonl(INADDR_ANY) && in->sin_port != 0;
+    }
+    if (addr->sa_family == AF_INET6 && len >= sizeof(sockaddr_in6)) {
+        auto *in6 = reinterpret_cast<const sockaddr_in6 *>(addr);
+        static const uint8_t mappedAny[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0};
+        return !IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr) &&
+               std::memcmp(&in6->sin6_addr, mappedAny, 16) != 0 && in6->sin6_port != 0;
+    }
+    return false;
+}
+
 // The address bytes of an IPv4 or IPv6 address (v4-mapped addresses as IPv4).
 inline int addressBytes(const sockaddr *addr, uint8_t out[16])
 {
