@@ -450,10 +450,10 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         activeMembers(&registered);
         Waiters waiters(wakeFd);
         waiters.addAll(registered);
-        // With no member active, nothing was registered that the look could have missed: what
-        // came since the last one waits in the hint epoll (or the kernel's) for the sleep.
-        const bool anyActive = !registered.empty();
-        if (anyActive) {
+        // With no connection holding the eventfd, nothing was registered that the look could
+        // have missed: what came since the last one is in the fds the sleep waits on.
+        const bool anyRegistered = waiters.any();
+        if (anyRegistered) {
             n = check();
             if (n != 0)
                 return n;
@@ -478,7 +478,7 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         if (unregistered)
             continue;
         const sigset_t *sleepMask = held.sleepMask(mask);
-        if (!anyActive && socks.empty() && nested && hintEp >= 0) {
+        if (!anyRegistered && socks.empty() && nested && hintEp >= 0) {
             // Everything that can wake it is in the hint epoll: one epoll_pwait, whose events
             // the look after it takes (the ppoll below, then that look's epoll_wait, are two
             // system calls, and an idle server's every request paid them).
@@ -493,8 +493,18 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         sleepFds.push_back({wakeFd, POLLIN, 0});
         if (hintEp >= 0)
             sleepFds.push_back({hintEp, POLLIN, 0});
-        if (int r = armAndSleep(socks, interest, &sleepFds, deadline, sleepMask, waiters); r < 0)
+        const int r = armAndSleep(socks, interest, &sleepFds, deadline, sleepMask, waiters);
+        if (r < 0)
             return r;
+        if (r == 1 && nested && hintEp >= 0 && !sleepFds[0].revents && !sleepFds[2].revents) {
+            // Neither the hint epoll nor the kernel's had anything when the sleep ended: the
+            // look after it needs no epoll_wait of them (what came since waits for the next).
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (hintEp_ == hintEp) {
+                slept_.clear();
+                sleptAll_ = true;
+            }
+        }
         socks.clear();
     }
 }

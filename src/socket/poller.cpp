@@ -254,9 +254,13 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
         // the look writes the eventfd, progress still pending makes arming fail.
         Waiters waiters(wakeFd);
         waiters.addAll(socks);
-        count = check();
-        if (count != 0)
-            return count;
+        // A look again only if a connection holds the eventfd: its progress since the last
+        // look would wake nobody. Without, the sleep's fds show what came since.
+        if (waiters.any()) {
+            count = check();
+            if (count != 0)
+                return count;
+        }
         sleepFds.assign(kfds.begin(), kfds.end());
         sleepFds.push_back({wakeFd, POLLIN, 0});
         const sigset_t *sleepMask = held.sleepMask(mask);

@@ -97,6 +97,8 @@ public:
             if (s)
                 s->addWaiter(fd_, &conns_);
     }
+    // Whether a connection holds the eventfd (so that its progress may write it).
+    bool any() const { return !conns_.empty(); }
     void clear()
     {
         for (auto &c : conns_)
@@ -166,8 +168,8 @@ inline uint32_t toEpoll(int p)
 
 // The last step before a poller sleeps: arms every socket for the poll events the caller wants
 // of it (interest, beside socks), appending the fds to sleep on to fds, then sleeps in ppoll
-// until one is ready, the deadline (ns, < 0: none) or a signal. 0: look again (something was
-// pending, or the sleep ended); -errno from ppoll.
+// until one is ready, the deadline (ns, < 0: none) or a signal. 1: the sleep ended (the fds'
+// revents say why), 0: something was pending (no sleep), -errno from ppoll.
 inline int armAndSleep(const std::vector<std::shared_ptr<Pollable>> &socks,
                        const std::vector<short> &interest, std::vector<pollfd> *fds,
                        int64_t deadlineNs, const sigset_t *mask, Waiters &waiters)
@@ -184,6 +186,8 @@ inline int armAndSleep(const std::vector<std::shared_ptr<Pollable>> &socks,
     // A socket's own step due before the deadline ends the sleep then (pollWakeBy).
     if (const int64_t by = takePollWakeBy(); by > 0 && (deadlineNs < 0 || by < deadlineNs))
         deadlineNs = by;
+    for (pollfd &p : *fds)
+        p.revents = 0;
     const int r = ppollMs(fds->data(), fds->size(), remainingMs(deadlineNs), mask);
     waiters.clear();
     // Drained only when the sleep saw it: a wake-up written after the sleep ended (or one a
@@ -194,7 +198,7 @@ inline int armAndSleep(const std::vector<std::shared_ptr<Pollable>> &socks,
             tWake.drain();
             break;
         }
-    return r < 0 ? r : 0;
+    return r < 0 ? r : 1;
 }
 
 } // namespace rstream::detail
