@@ -444,22 +444,39 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
             sched_yield();
             continue;
         }
-        // Register first, then look again, then arm: progress made by another thread after
-        // the look writes the eventfd (or marks a parked entry), progress still pending makes
-        // arming fail. Only the active entries are registered: the parked ones are watched.
+        // Parked, a member is woken by its armed fd or its connection's mark (parking fails
+        // when something came since its look): when every member parks and the kernel's epoll
+        // is nested, the hint epoll holds all that can end the sleep. One epoll_pwait then,
+        // whose events the look after it takes (a registration, a look, a ppoll and the look's
+        // epoll_wait after it were four system calls more, for each request of an idle server).
+        int hintEp;
+        bool nested;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (parkAllLocked(&socks, &interest) == -EAGAIN)
+                continue;
+            hintEp = hintEp_;
+            nested = kernelNested_;
+        }
+        const sigset_t *sleepMask = held.sleepMask(mask);
+        if (socks.empty() && nested && hintEp >= 0) {
+            if (int r = sleepOnHint(hintEp, deadline, sleepMask); r < 0)
+                return r;
+            continue;
+        }
+        // Some stay active. Register first, then look again, then arm: progress made by another
+        // thread after the look writes the eventfd (or marks a parked entry), progress still
+        // pending makes arming fail. Only the active entries are registered.
         activeMembers(&registered);
         Waiters waiters(wakeFd);
         waiters.addAll(registered);
         // With no connection holding the eventfd, nothing was registered that the look could
         // have missed: what came since the last one is in the fds the sleep waits on.
-        const bool anyRegistered = waiters.any();
-        if (anyRegistered) {
+        if (waiters.any()) {
             n = check();
             if (n != 0)
                 return n;
         }
-        int hintEp;
-        bool nested;
         {
             std::lock_guard<std::mutex> lock(mutex_);
             if (parkAllLocked(&socks, &interest) == -EAGAIN)
@@ -477,15 +494,6 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         registered.clear();
         if (unregistered)
             continue;
-        const sigset_t *sleepMask = held.sleepMask(mask);
-        if (!anyRegistered && socks.empty() && nested && hintEp >= 0) {
-            // Everything that can wake it is in the hint epoll: one epoll_pwait, whose events
-            // the look after it takes (the ppoll below, then that look's epoll_wait, are two
-            // system calls, and an idle server's every request paid them).
-            if (int r = sleepOnHint(hintEp, deadline, sleepMask); r < 0)
-                return r;
-            continue;
-        }
         // The kernel's epoll even where the hint epoll holds it: another thread's epoll_ctl may
         // take it out of there (unnestKernel()) while this one sleeps.
         sleepFds.clear();

@@ -590,6 +590,37 @@ TEST_P(EpollReady, ParkedMembersSleepInOneEpollPwait)
     EXPECT_EQ(quietConnects, 1) << "every connect's wake-up was looked at again";
 }
 
+// Members still active when the wait runs out of looks (new ones, here) are parked by the wait
+// itself before it sleeps, and it sleeps the same way: no eventfd registered, no look more.
+TEST_P(EpollReady, MembersParkedBeforeTheSleepSleepInOneEpollPwait)
+{
+    connectPairs(2);
+    static sys::Calls table = [] {
+        sys::Calls t = sys::kLibc;
+        t.ppoll = threadPpoll;
+        t.epollWait = threadEpollWait;
+        t.epollPwait = threadEpollPwait;
+        return t;
+    }();
+    std::thread t([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        sendByte(*pairs_[1].first);
+    });
+    sys::bind(&table);
+    gWaitPpolls = gEpollWaits = gEpollPwaits = 0;
+    tCounting = true;
+    epoll_event out[4];
+    const int n = set_->wait(out, 4, 5000, nullptr, 0);
+    tCounting = false;
+    sys::bind(&sys::kLibc);
+    t.join();
+    ASSERT_EQ(n, 1);
+    EXPECT_EQ(out[0].data.u64, 1u);
+    EXPECT_EQ(gEpollPwaits.load(), 1) << "not one sleep in the hint epoll";
+    // The set's first look is a ppoll (its hint epoll is made during it); none after it.
+    EXPECT_LE(gWaitPpolls.load(), 1) << "a ppoll beside the sleep";
+}
+
 // A signal during that sleep ends the wait with EINTR, as it ends the kernel's epoll_wait.
 TEST_P(EpollReady, SignalDuringTheSleepEndsTheWaitWithEintr)
 {
