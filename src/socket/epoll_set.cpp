@@ -421,6 +421,17 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
     std::vector<std::shared_ptr<Pollable>> socks, registered;
     std::vector<short> interest;
     std::vector<pollfd> sleepFds;
+    int hintEp = -1;
+    bool nested = false;
+    // Parks what can park (the others in socks): false when something came since its look.
+    auto parkAll = [&]() -> bool {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (parkAllLocked(&socks, &interest) == -EAGAIN)
+            return false;
+        hintEp = hintEp_;
+        nested = kernelNested_;
+        return true;
+    };
     SignalsHeld held;
     for (;;) {
         int n = check();
@@ -449,15 +460,8 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         // is nested, the hint epoll holds all that can end the sleep. One epoll_pwait then,
         // whose events the look after it takes (a registration, a look, a ppoll and the look's
         // epoll_wait after it were four system calls more, for each request of an idle server).
-        int hintEp;
-        bool nested;
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            if (parkAllLocked(&socks, &interest) == -EAGAIN)
-                continue;
-            hintEp = hintEp_;
-            nested = kernelNested_;
-        }
+        if (!parkAll())
+            continue;
         const sigset_t *sleepMask = held.sleepMask(mask);
         if (socks.empty() && nested && hintEp >= 0) {
             if (int r = sleepOnHint(hintEp, deadline, sleepMask); r < 0)
@@ -477,13 +481,8 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
             if (n != 0)
                 return n;
         }
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            if (parkAllLocked(&socks, &interest) == -EAGAIN)
-                continue;
-            hintEp = hintEp_;
-            nested = kernelNested_;
-        }
+        if (!parkAll())
+            continue;
         // A member that woke during the look and cannot park was not registered: look again.
         auto byAddress = [](const auto &a, const auto &b) { return a.get() < b.get(); };
         std::sort(registered.begin(), registered.end(), byAddress);
