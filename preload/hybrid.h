@@ -361,8 +361,7 @@ private:
     sockaddr_storage peer_{}; // the address the application connected to
     socklen_t peerLen_ = 0;
     // The kernel connection's addresses where known without a system call (knowAddresses(),
-    // a connect's specific address), for addresses(): len 0 for unknown. Set before the
-    // socket is shared, or under upgradeMutex_ (connect).
+    // a connect's specific address, or fetched once by addresses()): len 0 for unknown (mutex_).
     sockaddr_storage knownLocal_{}, knownPeer_{};
     socklen_t knownLocalLen_ = 0, knownPeerLen_ = 0;
     sockaddr_storage listenLocal_{}; // a listener's, when bound to one address (mutex_)

@@ -186,8 +186,6 @@ inline int armAndSleep(const std::vector<std::shared_ptr<Pollable>> &socks,
     // A socket's own step due before the deadline ends the sleep then (pollWakeBy).
     if (const int64_t by = takePollWakeBy(); by > 0 && (deadlineNs < 0 || by < deadlineNs))
         deadlineNs = by;
-    for (pollfd &p : *fds)
-        p.revents = 0;
     const int r = ppollMs(fds->data(), fds->size(), remainingMs(deadlineNs), mask);
     waiters.clear();
     // Drained only when the sleep saw it: a wake-up written after the sleep ended (or one a
