@@ -182,18 +182,37 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
     *kernelReady = true; // epoll_wait reads it (and reports an error)
     if (kernelNested_) {
         *kernelReady = false;
-        // The wake-ups first: a member they activate (a listener woken by its kernel fd) has
-        // its look fds in the one ppoll too, not a system call of its own (and a read of its
-        // fabric listener's EQ that its look shows quiet).
-        takeWakesLocked(kernelReady);
-        gatherLooksLocked(true);
-        if (!lookScratch_.empty()) {
-            const timespec zero{0, 0};
-            if (sys::ppoll(lookScratch_.data(), lookScratch_.size(), &zero, nullptr) >= 0)
+        const timespec zero{0, 0};
+        bool woke = true;
+        size_t from = 0;
+        if (!sleptAll_ && slept_.empty()) {
+            // No sleep's events to take, and members to look at by their fds (a socket in its
+            // upgrade): the hint epoll in their ppoll says whether anything woke, and only
+            // then does an epoll_wait take it. A client's connection is in its upgrade for
+            // all of its waits but the last: each of them was an epoll_wait and a ppoll.
+            gatherLooksLocked(false, 0);
+            if (!lookScratch_.empty()) {
+                lookScratch_.insert(lookScratch_.begin(), {hintEp_, POLLIN, 0});
+                if (sys::ppoll(lookScratch_.data(), lookScratch_.size(), &zero, nullptr) >= 0) {
+                    applyLooksLocked(lookScratch_.data() + 1);
+                    woke = lookScratch_[0].revents != 0;
+                    from = active_.size();
+                }
+            }
+        }
+        if (woke) {
+            // The wake-ups before the look: a member they activate (a listener woken by its
+            // kernel fd) has its look fds in the one ppoll too, not a system call of its own
+            // (and a read of its fabric listener's EQ that its look shows quiet). Members
+            // looked at above are not looked at again.
+            takeWakesLocked(kernelReady);
+            gatherLooksLocked(true, from);
+            if (!lookScratch_.empty() &&
+                sys::ppoll(lookScratch_.data(), lookScratch_.size(), &zero, nullptr) >= 0)
                 applyLooksLocked(lookScratch_.data());
         }
     } else {
-        gatherLooksLocked(false);
+        gatherLooksLocked(false, 0);
         // Without a hint epoll yet, its entry is -1, which ppoll skips.
         lookScratch_.insert(lookScratch_.begin(), {{epfd_, POLLIN, 0}, {hintEp_, POLLIN, 0}});
         const timespec zero{0, 0};
@@ -282,15 +301,19 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
     return n;
 }
 
-void EpollSet::gatherLooksLocked(bool fresh)
+void EpollSet::gatherLooksLocked(bool fresh, size_t from)
 {
     lookScratch_.clear();
     lookers_.clear();
-    for (const uint64_t key : active_) {
-        Entry *e = findLocked(key);
+    for (size_t k = 0; k < active_.size(); k++) {
+        Entry *e = findLocked(active_[k]);
         // A member whose last look reached a connection has none.
         if (!e || !e->active || e->disabled || e->connRaw)
             continue;
+        if (k < from) {
+            e->firedFds.clear(); // looked at already: a wake-up since is no answer later
+            continue;
+        }
         std::shared_ptr<Pollable> s = e->sock.lock();
         if (!s)
             continue;

@@ -167,8 +167,9 @@ private:
     int parkAllLocked(std::vector<std::shared_ptr<Pollable>> *socks, std::vector<short> *interest);
     // collect()'s batched look: the look fds of its active members without a connection, then
     // their results (fds: where the look fds begin in the ppoll's array).
-    // fresh: the wake-ups were taken just before (what fired is known, lookFromWakesLocked).
-    void gatherLooksLocked(bool fresh);
+    // fresh: the wake-ups were taken just before (what fired is known, lookFromWakesLocked);
+    // from: the active entries before it were looked at already in this wait.
+    void gatherLooksLocked(bool fresh, size_t from);
     // A woken listener's look answered from its parked fds: those that fired are readable,
     // those still armed are not (their wake-up would have come with the others). False when
     // a look fd is neither (the ppoll looks then).

@@ -1,0 +1,227 @@
+// SPDX-License-Identifier: MIT
+// What an emulated epoll wait costs in system calls (src/socket/epoll_set.cpp): one sleep for
+// parked members, one look for members looked at by their fds, and a signal that still ends
+// the sleep.
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "epoll_fixture.h"
+#include "interrupt.h"
+#include "kernel.h"
+#include "poller.h"
+#include "settings.h"
+#include "socket.h"
+
+namespace rstream {
+namespace {
+
+using rstest_epoll::EpollReady;
+using rstest_epoll::kModes;
+
+// The calls of one thread (the one that sets tCounting): the progress thread's are not counted.
+thread_local bool tCounting = false;
+std::atomic<int> gWaitPpolls{0}, gEpollWaits{0}, gEpollPwaits{0};
+int threadPpoll(pollfd *fds, nfds_t n, const timespec *t, const sigset_t *mask)
+{
+    gWaitPpolls += tCounting;
+    return ::ppoll(fds, n, t, mask);
+}
+int threadEpollWait(int ep, epoll_event *ev, int n, int t)
+{
+    gEpollWaits += tCounting;
+    return ::epoll_wait(ep, ev, n, t);
+}
+int threadEpollPwait(int ep, epoll_event *ev, int n, int t, const sigset_t *mask)
+{
+    gEpollPwaits += tCounting;
+    return ::epoll_pwait(ep, ev, n, t, mask);
+}
+const sys::Calls &threadCountingCalls()
+{
+    static const sys::Calls table = [] {
+        sys::Calls t = sys::kLibc;
+        t.ppoll = threadPpoll;
+        t.epollWait = threadEpollWait;
+        t.epollPwait = threadEpollPwait;
+        return t;
+    }();
+    return table;
+}
+
+// A wait whose members are all parked sleeps in one epoll_pwait of the hint epoll, and what
+// that returns is what the look after it takes: no ppoll, no epoll_wait after the sleep and
+// none between the registration and the sleep (there were an epoll_wait there, a ppoll to sleep
+// in and an epoll_wait after it: three calls more for each request of a mostly idle server).
+// A listener woken by a connect is reported without a look at its fds: its fd that fired says
+// so (a ppoll less for each connection accepted). Its wake-up may come before the provider has
+// the whole request (then a look more finds it, or a sleep more waits for it: under TSan often):
+// one of up to eight connects suffices there.
+TEST_P(EpollReady, ParkedMembersSleepInOneEpollPwait)
+{
+    epoll_event lev{};
+    lev.events = EPOLLIN;
+    lev.data.u64 = 999;
+    ASSERT_EQ(set_->ctl(EPOLL_CTL_ADD, 999, &lev, listener_), 0);
+    connectPairs(3);
+    const sys::Calls &table = threadCountingCalls();
+    epoll_event out[4];
+    int quietConnects = 0;
+    for (int round = 0; round < 11; round++) {
+        SCOPED_TRACE(round);
+        ASSERT_TRUE(parked(4)) << set_->parkedCount() << " of 4 parked";
+        const bool connect = round >= 3;
+        if (connect && quietConnects > 0)
+            break;
+        auto c = std::make_shared<Socket>(AF_INET, settings_);
+        std::thread t([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            if (connect)
+                EXPECT_EQ(c->connect(reinterpret_cast<sockaddr *>(&addr_), sizeof(addr_)), 0);
+            else
+                sendByte(*pairs_[size_t(round)].first);
+        });
+        sys::bind(&table);
+        gWaitPpolls = gEpollWaits = gEpollPwaits = 0;
+        tCounting = true;
+        const int n = set_->wait(out, 4, 5000, nullptr, 0);
+        tCounting = false;
+        sys::bind(&sys::kLibc);
+        const int ppolls = gWaitPpolls, waits = gEpollWaits, pwaits = gEpollPwaits;
+        ASSERT_EQ(n, 1);
+        EXPECT_EQ(out[0].data.u64, connect ? 999u : uint64_t(round));
+        EXPECT_TRUE(out[0].events & EPOLLIN);
+        if (connect) {
+            quietConnects += pwaits == 1 && ppolls == 0 && waits <= 1;
+        } else {
+            EXPECT_EQ(pwaits, 1) << "not one sleep in the hint epoll";
+            EXPECT_EQ(ppolls, 0) << "a ppoll beside it";
+            EXPECT_LE(waits, 1) << "epoll_wait calls beside the look before the sleep";
+        }
+        if (connect) {
+            std::shared_ptr<Socket> s;
+            ASSERT_EQ(listener_->accept(&s, nullptr, nullptr), 0);
+            t.join();
+            s->close();
+            c->close();
+        } else {
+            t.join();
+            char b;
+            iovec v{&b, 1};
+            ASSERT_EQ(pairs_[size_t(round)].second->recv(&v, 1, 0), 1);
+        }
+    }
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+    // Under the sanitizers the listener's wake-up came before the whole request in all eight
+    // connects of one ASan run: the count there says nothing of the look.
+    EXPECT_EQ(quietConnects, 1) << "every connect's wake-up was looked at again";
+#endif
+}
+
+// Members still active when the wait runs out of looks (new ones, here) are parked by the wait
+// itself before it sleeps, and it sleeps the same way: no eventfd registered, no look more.
+TEST_P(EpollReady, MembersParkedBeforeTheSleepSleepInOneEpollPwait)
+{
+    connectPairs(2);
+    const sys::Calls &table = threadCountingCalls();
+    std::thread t([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        sendByte(*pairs_[1].first);
+    });
+    sys::bind(&table);
+    gWaitPpolls = gEpollWaits = gEpollPwaits = 0;
+    tCounting = true;
+    epoll_event out[4];
+    const int n = set_->wait(out, 4, 5000, nullptr, 0);
+    tCounting = false;
+    sys::bind(&sys::kLibc);
+    t.join();
+    ASSERT_EQ(n, 1);
+    EXPECT_EQ(out[0].data.u64, 1u);
+    EXPECT_EQ(gEpollPwaits.load(), 1) << "not one sleep in the hint epoll";
+    // The set's first look is a ppoll (its hint epoll is made during it); none after it.
+    EXPECT_LE(gWaitPpolls.load(), 1) << "a ppoll beside the sleep";
+}
+
+// A signal during that sleep ends the wait with EINTR, as it ends the kernel's epoll_wait.
+TEST_P(EpollReady, SignalDuringTheSleepEndsTheWaitWithEintr)
+{
+    connectPairs(2);
+    ASSERT_TRUE(parked(2));
+    const auto i = rstest::interruptAfter30ms([&] {
+        epoll_event out[4];
+        return set_->wait(out, 4, 3000, nullptr, 0);
+    });
+    EXPECT_EQ(i.handlers, 1);
+    EXPECT_EQ(i.result, -EINTR) << "after " << i.ms << " ms";
+    EXPECT_LT(i.ms, 2000) << "the wait slept on after the signal";
+}
+
+// A wait with a member looked at by its fds (a listener that was just reported, here; under the
+// shim, a socket in its upgrade) asks the hint epoll in the same ppoll and takes its wake-ups
+// with an epoll_wait only when it has some. A look that finds nothing is one system call, as
+// the kernel's epoll_wait is (it was an epoll_wait and a ppoll: a shimmed client's connection
+// is in its upgrade for all of its waits but the last). A wake-up there is still taken.
+TEST_P(EpollReady, ALookAtMemberFdsIsOneSystemCall)
+{
+    epoll_event lev{};
+    lev.events = EPOLLIN;
+    lev.data.u64 = 999;
+    ASSERT_EQ(set_->ctl(EPOLL_CTL_ADD, 999, &lev, listener_), 0);
+    connectPairs(2);
+    ASSERT_TRUE(parked(3)) << set_->parkedCount() << " of 3 parked";
+    auto c = std::make_shared<Socket>(AF_INET, settings_);
+    std::thread t(
+        [&] { EXPECT_EQ(c->connect(reinterpret_cast<sockaddr *>(&addr_), sizeof(addr_)), 0); });
+    epoll_event out[4];
+    ASSERT_EQ(set_->wait(out, 4, 5000, nullptr, 0), 1);
+    EXPECT_EQ(out[0].data.u64, 999u);
+    std::shared_ptr<Socket> s;
+    ASSERT_EQ(listener_->accept(&s, nullptr, nullptr), 0);
+    t.join();
+
+    const sys::Calls &table = threadCountingCalls();
+    auto counted = [&](int timeoutMs) {
+        sys::bind(&table);
+        gWaitPpolls = gEpollWaits = gEpollPwaits = 0;
+        tCounting = true;
+        const int n = set_->wait(out, 4, timeoutMs, nullptr, 0);
+        tCounting = false;
+        sys::bind(&sys::kLibc);
+        return n;
+    };
+    // The listener is active (reported by the wait before), the pairs parked.
+    ASSERT_EQ(counted(0), 0);
+    EXPECT_EQ(gWaitPpolls.load(), 1) << "the look is not one ppoll";
+    EXPECT_EQ(gEpollWaits.load(), 0) << "an epoll_wait beside the look's ppoll";
+
+    // A parked member woken: the look's ppoll sees the hint epoll readable, and its wake-up
+    // is taken and reported in the same wait.
+    sendByte(*pairs_[1].first);
+    int n = 0;
+    for (int i = 0; i < 200 && n == 0; i++) {
+        n = set_->wait(out, 4, 0, nullptr, 0);
+        if (n == 0)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_EQ(n, 1);
+    EXPECT_EQ(out[0].data.u64, 1u);
+    EXPECT_TRUE(out[0].events & EPOLLIN);
+    s->close();
+    c->close();
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, EpollReady, ::testing::ValuesIn(kModes),
+                         [](const auto &p) { return std::string(p.param.name); });
+
+} // namespace
+} // namespace rstream
