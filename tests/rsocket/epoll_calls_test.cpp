@@ -63,9 +63,10 @@ const sys::Calls &threadCountingCalls()
 // none between the registration and the sleep (there were an epoll_wait there, a ppoll to sleep
 // in and an epoll_wait after it: three calls more for each request of a mostly idle server).
 // A listener woken by a connect is reported without a look at its fds: its fd that fired says
-// so (a ppoll less for each connection accepted). Its wake-up may come before the provider has
-// the whole request (then a look more finds it, or a sleep more waits for it: under TSan often):
-// one of up to eight connects suffices there.
+// so (a ppoll less for each connection accepted). A wake-up may come before the provider has the
+// whole message or request (then a look more finds it, or a sleep more waits for it: under TSan
+// often, and for a fabric member's byte when the tests run two at a time): one quiet round of up
+// to eight suffices, for data and for connects.
 TEST_P(EpollReady, ParkedMembersSleepInOneEpollPwait)
 {
     epoll_event lev{};
@@ -75,20 +76,25 @@ TEST_P(EpollReady, ParkedMembersSleepInOneEpollPwait)
     connectPairs(3);
     const sys::Calls &table = threadCountingCalls();
     epoll_event out[4];
-    int quietConnects = 0;
-    for (int round = 0; round < 11; round++) {
+    int quietData = 0, quietConnects = 0;
+    for (int round = 0; round < 16; round++) {
         SCOPED_TRACE(round);
+        const bool connect = round >= 8;
+        if (connect ? quietConnects > 0 : quietData > 0) {
+            if (connect)
+                break;
+            round = 7; // on to the connects
+            continue;
+        }
         ASSERT_TRUE(parked(4)) << set_->parkedCount() << " of 4 parked";
-        const bool connect = round >= 3;
-        if (connect && quietConnects > 0)
-            break;
+        const size_t pair = size_t(round) % pairs_.size();
         auto c = std::make_shared<Socket>(AF_INET, settings_);
         std::thread t([&] {
             std::this_thread::sleep_for(std::chrono::milliseconds(50));
             if (connect)
                 EXPECT_EQ(c->connect(reinterpret_cast<sockaddr *>(&addr_), sizeof(addr_)), 0);
             else
-                sendByte(*pairs_[size_t(round)].first);
+                sendByte(*pairs_[pair].first);
         });
         sys::bind(&table);
         gWaitPpolls = gEpollWaits = gEpollPwaits = 0;
@@ -98,28 +104,27 @@ TEST_P(EpollReady, ParkedMembersSleepInOneEpollPwait)
         sys::bind(&sys::kLibc);
         const int ppolls = gWaitPpolls, waits = gEpollWaits, pwaits = gEpollPwaits;
         ASSERT_EQ(n, 1);
-        EXPECT_EQ(out[0].data.u64, connect ? 999u : uint64_t(round));
+        EXPECT_EQ(out[0].data.u64, connect ? 999u : uint64_t(pair));
         EXPECT_TRUE(out[0].events & EPOLLIN);
+        // One sleep in the hint epoll, no ppoll beside it, at most the look's epoll_wait before.
+        const bool quiet = pwaits == 1 && ppolls == 0 && waits <= 1;
         if (connect) {
-            quietConnects += pwaits == 1 && ppolls == 0 && waits <= 1;
-        } else {
-            EXPECT_EQ(pwaits, 1) << "not one sleep in the hint epoll";
-            EXPECT_EQ(ppolls, 0) << "a ppoll beside it";
-            EXPECT_LE(waits, 1) << "epoll_wait calls beside the look before the sleep";
-        }
-        if (connect) {
+            quietConnects += quiet;
             std::shared_ptr<Socket> s;
             ASSERT_EQ(listener_->accept(&s, nullptr, nullptr), 0);
             t.join();
             s->close();
             c->close();
         } else {
+            quietData += quiet;
+            EXPECT_EQ(ppolls, 0) << "a ppoll beside the sleep";
             t.join();
             char b;
             iovec v{&b, 1};
-            ASSERT_EQ(pairs_[size_t(round)].second->recv(&v, 1, 0), 1);
+            ASSERT_EQ(pairs_[pair].second->recv(&v, 1, 0), 1);
         }
     }
+    EXPECT_EQ(quietData, 1) << "every data round slept more than once in the hint epoll";
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
     // Under the sanitizers the listener's wake-up came before the whole request in all eight
     // connects of one ASan run: the count there says nothing of the look.
