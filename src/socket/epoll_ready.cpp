@@ -25,6 +25,18 @@ constexpr uint64_t kKernelKey = 1;
 constexpr uint64_t kParkFdKey = 2;
 constexpr uint64_t kEntryKeys = uint64_t(1) << 32;
 
+// How long a member's looks find nothing before it is armed and parked, if its look did not
+// arm it: a same-host link's arm makes the peer write a wake-up byte for what it sends next,
+// a cost that busy connections (a request every few microseconds) are spared.
+constexpr int64_t kParkAfterNs = 50'000;
+// In a set of a few active members, a same-host one stays active longer: its look reads shared
+// memory (no system call, a few for all of them), while each arm costs its peer a write of a
+// wake-up byte for the next message, and this end that byte's read and its fd's registration
+// again. A client waiting for the answers on its few connections (wrk's five a thread, each
+// answered every 100 us at -c 10) made its server, the busier end, write a byte per answer.
+constexpr size_t kFewActive = 32;
+constexpr int64_t kParkAfterFewNs = 1'000'000;
+
 std::atomic<uint64_t> gForkGeneration{0};
 [[maybe_unused]] const int gForkHandler = pthread_atfork(
     nullptr, nullptr, [] { gForkGeneration.fetch_add(1, std::memory_order_relaxed); });
@@ -220,22 +232,26 @@ bool EpollSet::lookFromWakesLocked(const Entry &e, pollfd *fds, int n)
     return true;
 }
 
-int EpollSet::parkLocked(Entry &e, bool arm)
+int EpollSet::parkLocked(Entry &e, int64_t idleNs)
 {
-    if (!e.slot && !e.connRaw)
-        return parkFdsLocked(e, arm); // no connection behind it: a listener, or none
+    if (!e.slot && !e.connRaw) // no connection behind it: a listener, or none
+        return parkFdsLocked(e, idleNs >= kParkAfterNs);
     if (!e.slot || !e.looked)
         return 0; // its look did not reach its connection
     std::shared_ptr<Connection> c = e.conn.lock();
     if (!c)
         return 0;
     const uint64_t key = keyOf(e);
+    const bool sameHost = c->sameHost();
+    const bool arm =
+        idleNs >= (sameHost && active_.size() <= kFewActive ? kParkAfterFewNs : kParkAfterNs);
     // Woken by its fd, an entry arms again even if its connection still counts as armed: the
     // look may not have read what made the fd readable (a same-host link's look reads shared
-    // memory, not its socket, where the peer's end shows).
+    // memory, not its socket, where the peer's end shows). A fabric one at once (its looks cost
+    // the provider's calls); a same-host one when it parks, as the others.
     int fd = e.fired ? -1 : c->hintFd();
     if (fd < 0) {
-        if (!arm && !e.fired)
+        if (!arm && !(e.fired && !sameHost))
             return 0;
         const bool fired = e.fired;
         e.fired = false;
@@ -368,7 +384,7 @@ int EpollSet::parkAllLocked(std::vector<std::shared_ptr<Pollable>> *socks,
                 e->active = false;
             continue;
         }
-        const int r = result == -EAGAIN ? 0 : parkLocked(*e, true);
+        const int r = result == -EAGAIN ? 0 : parkLocked(*e, INT64_MAX);
         if (r == 1) {
             e->active = false;
             continue;

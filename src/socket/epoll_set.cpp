@@ -17,13 +17,6 @@ namespace rstream {
 
 using namespace detail;
 
-namespace {
-// How long a member's looks find nothing before it is armed and parked, if its look did not
-// arm it: a same-host link's arm makes the peer write a wake-up byte for what it sends next,
-// a cost that busy connections (a request every few microseconds) are spared.
-constexpr int64_t kParkAfterNs = 50'000;
-} // namespace
-
 EpollSet::EpollSet(int epfd) : epfd_(epfd), forkGen_(forkGeneration()) {}
 
 EpollSet::~EpollSet()
@@ -286,7 +279,7 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
             e->idleSinceNs = now;
         // Connections the look armed park at once; the others once idle for a while (arming a
         // same-host link makes its peer write a wake-up byte for what it sends next).
-        if (parkLocked(*e, now - e->idleSinceNs >= kParkAfterNs) == 1) {
+        if (parkLocked(*e, now - e->idleSinceNs) == 1) {
             e->active = false;
             continue;
         }

@@ -145,9 +145,10 @@ private:
     void watchLocked(Entry &e, const std::shared_ptr<Connection> &c);
     void unwatchLocked(Entry &e);
     // Parks an entry whose look found nothing to report: 1 parked, 0 it stays active, -EAGAIN
-    // something changed since its look (look again before sleeping). arm: arms the connection
-    // if the look did not (before sleeping, or once it has been idle for a while).
-    int parkLocked(Entry &e, bool arm);
+    // something changed since its look (look again before sleeping). idleNs: how long its looks
+    // have found nothing; once that is long enough (INT64_MAX before a sleep) it arms the
+    // connection if the look did not.
+    int parkLocked(Entry &e, int64_t idleNs);
     // parkLocked() for a member without a connection (a listener), on the fds it names; only
     // when arm (its look does not arm it).
     int parkFdsLocked(Entry &e, bool arm);
