@@ -76,10 +76,7 @@ const sys::Calls &threadCountingCalls()
 // with two of these tests at once half the connects woke at the first: eight failed 1 run in 15).
 TEST_P(EpollReady, ParkedMembersSleepInOneEpollPwait)
 {
-    epoll_event lev{};
-    lev.events = EPOLLIN;
-    lev.data.u64 = 999;
-    ASSERT_EQ(set_->ctl(EPOLL_CTL_ADD, 999, &lev, listener_), 0);
+    addListener();
     connectPairs(3);
     const sys::Calls &table = threadCountingCalls();
     epoll_event out[4];
@@ -185,10 +182,7 @@ TEST_P(EpollReady, SignalDuringTheSleepEndsTheWaitWithEintr)
 // is in its upgrade for all of its waits but the last). A wake-up there is still taken.
 TEST_P(EpollReady, ALookAtMemberFdsIsOneSystemCall)
 {
-    epoll_event lev{};
-    lev.events = EPOLLIN;
-    lev.data.u64 = 999;
-    ASSERT_EQ(set_->ctl(EPOLL_CTL_ADD, 999, &lev, listener_), 0);
+    addListener();
     connectPairs(2);
     ASSERT_TRUE(parked(3)) << set_->parkedCount() << " of 3 parked";
     auto c = std::make_shared<Socket>(AF_INET, settings_);

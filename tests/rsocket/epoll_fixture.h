@@ -58,6 +58,15 @@ protected:
             listener_->close();
     }
 
+    // The listener in the set for EPOLLIN, under fd number and data 999.
+    void addListener()
+    {
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.u64 = 999;
+        ASSERT_EQ(set_->ctl(EPOLL_CTL_ADD, 999, &ev, listener_), 0);
+    }
+
     // n connected pairs (client, server), the server ends in the set for EPOLLIN | events,
     // under fd numbers 1000 + i (the set only keys entries by them).
     void connectPairs(int n, uint32_t events = 0)

@@ -37,10 +37,7 @@ using rstest_epoll::kModes;
 // between connects look at nothing, and every connect is reported.
 TEST_P(EpollReady, IdleListenerIsParkedAndWokenByAConnect)
 {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = 999;
-    ASSERT_EQ(set_->ctl(EPOLL_CTL_ADD, 999, &ev, listener_), 0);
+    addListener();
     epoll_event out[8];
     for (int round = 0; round < 3; round++) {
         SCOPED_TRACE(round);
