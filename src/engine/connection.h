@@ -382,7 +382,7 @@ private:
     // Takes what is pending that the last look did not (true: it changed something, and the
     // sleepers were woken); the progress thread's arm, which takes it until the arm holds.
     bool takePendingLocked();
-    int rearmLocked();
+    int rearmLocked(bool light = false);
     ssize_t peekRecvLocked() const;
     // Nothing but the peer can change the state (no unsent data, credit or word owed, no
     // deadline to check): while armed, a look needs no progress.
@@ -394,7 +394,7 @@ private:
     void notifyWatchesLocked();
     // The wait fd no longer signals what comes next: a parked poller must look and arm again.
     void disarmLocked();
-    int armLocked();
+    int armLocked(bool light = false); // light: may skip fi_trywait (see wait.cpp)
     ssize_t recvLocked(const iovec *iov, int iovcnt, int flags);
 
     // progressed: the caller has just made progress and found nothing, so the first look is
@@ -516,8 +516,10 @@ private:
     std::atomic<uint64_t> hintPass_{0}; // the pass that found the armed wait fd not readable
     static inline std::atomic<uint64_t> nextHintPass_{0};
     static inline thread_local uint64_t tHintPass = 0; // this thread's pass, 0: none
-    bool changed_ = false; // progress changed what waiters may be waiting for
-    uint32_t eqSkips_ = 0; // progress calls since the EQ was last read while connected
+    bool changed_ = false;   // progress changed what waiters may be waiting for
+    uint32_t eqSkips_ = 0;   // progress calls since the EQ was last read while connected
+    bool cqDrained_ = false; // the last read found the CQ empty (armLocked())
+    bool eqDue_ = false;     // the CQ reported an error since the EQ was last found empty
     sockaddr_storage bindAddr_{};
     socklen_t bindLen_ = 0;
     bool passive_ = false; // in the progress thread's passive set

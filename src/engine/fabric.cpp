@@ -290,11 +290,14 @@ int Domain::get(const fi_info *info, bool strict, std::shared_ptr<Domain> *out, 
         else
             c.waitSets = false;
     }
+    // The library in use, not the headers built against: tcp was rewritten in 1.18.
+    const uint32_t lib = fabricLibraryVersion();
+    c.levelWait = c.placesInCalls && c.waitSets && FI_MAJOR(lib) == 1 && FI_MINOR(lib) <= 17;
     RS_LOG(Debug,
            "domain %s: mr_local=%d virt_addr=%d prov_key=%d mr_ep=%d rx_cq_data=%d "
-           "cq_data=%zu inject=%zu tx=%u rx=%u iwarp=%d wait_sets=%d",
+           "cq_data=%zu inject=%zu tx=%u rx=%u iwarp=%d wait_sets=%d level_wait=%d",
            key.c_str(), c.mrLocal, c.virtAddr, c.provKey, c.mrEndpoint, c.rxCqData, c.cqDataSize,
-           c.injectSize, c.maxTx, c.maxRx, c.iwarp, c.waitSets);
+           c.injectSize, c.maxTx, c.maxRx, c.iwarp, c.waitSets, c.levelWait);
     if (!own)
         gDomains[key] = d;
     *out = d;

@@ -37,6 +37,11 @@ struct ProviderCaps
     // progress is manual) and registration pins nothing: a send ring whose writes all completed
     // can give its pages back under the connection's lock.
     bool placesInCalls = false;
+    // The wait set's fd tells by itself when progress is due (tcp up to libfabric 1.17: an epoll
+    // fd over the endpoint's socket and a signal the provider sets with every completion it
+    // queues and with every send it could not finish), so that an arm made right after a read
+    // that emptied the CQ needs no fi_trywait (see Connection::armLocked()).
+    bool levelWait = false;
 };
 
 // A fabric and domain pair shared by every endpoint on it.
@@ -66,6 +71,8 @@ private:
 // libfabric is loaded on first use (fiload.cpp), which takes a while (~0.3 s with its
 // providers). Whether that is over, loaded or not: calls into libfabric no longer wait for it.
 bool fabricLoadDone();
+// The loaded libfabric's fi_version() (it loads it if not yet); 0 if it could not be loaded.
+uint32_t fabricLibraryVersion();
 // Loads libfabric and sets up its providers now, on the calling thread, as the first fabric
 // socket would (for callers that must not wait for it: they call this on another thread).
 void loadFabric(const Settings &settings);

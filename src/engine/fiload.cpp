@@ -47,6 +47,7 @@ constexpr const char *kLibrary = "libfabric.so.1";
 std::once_flag gOnce;
 Api gApi;
 bool gLoaded = false;
+uint32_t gVersion = 0;          // the loaded library's fi_version()
 std::atomic<bool> gDone{false}; // the load is over, whatever its outcome
 
 template <typename F>
@@ -100,6 +101,7 @@ void load()
         bind(lib, "fi_fabric", "FABRIC_1.1", &a.fabric) &&
         bind(lib, "fi_strerror", "FABRIC_1.0", &a.strerror)) {
         gApi = a;
+        gVersion = v;
         gLoaded = true;
         RS_LOG(Debug, "%s %u.%u loaded", kLibrary, FI_MAJOR(v), FI_MINOR(v));
     }
@@ -119,6 +121,11 @@ const Api *api()
 bool fabricLoadDone()
 {
     return gDone.load(std::memory_order_acquire);
+}
+
+uint32_t fabricLibraryVersion()
+{
+    return api() ? gVersion : 0;
 }
 
 } // namespace rstream

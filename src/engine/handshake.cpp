@@ -182,8 +182,10 @@ void Connection::processEqLocked()
     for (;;) {
         uint32_t event = 0;
         ssize_t ret = fi_eq_read(eq_, &event, buf, sizeof(buf), 0);
-        if (ret == -FI_EAGAIN)
+        if (ret == -FI_EAGAIN) {
+            eqDue_ = false;
             return;
+        }
         if (ret == -FI_EAVAIL) {
             fi_eq_err_entry err{};
             uint8_t errData[64];

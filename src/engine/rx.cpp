@@ -153,12 +153,16 @@ void Connection::processCqLocked()
     // Reading may take an event that the armed wait fd signalled (on verbs the CQ is then
     // disarmed until the next fi_trywait): the next look makes progress again.
     disarmLocked();
+    cqDrained_ = false; // until a read finds it empty (lightArmLocked())
     fi_cq_data_entry entries[16];
     for (int batch = 0; batch < kMaxBatches; batch++) {
         ssize_t n = fi_cq_read(cq_, entries, 16);
-        if (n == -FI_EAGAIN)
+        if (n == -FI_EAGAIN) {
+            cqDrained_ = true;
             return;
+        }
         if (n == -FI_EAVAIL) {
+            eqDue_ = true;
             fi_cq_err_entry err{};
             if (fi_cq_readerr(cq_, &err, 0) < 0)
                 return;

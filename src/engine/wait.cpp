@@ -112,7 +112,7 @@ int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
         held.hold();
         if (step == WaitStep::Again)
             continue;
-        if (armLocked() == -EAGAIN) {
+        if (armLocked(true) == -EAGAIN) {
             processEqLocked();
             continue;
         }
@@ -198,8 +198,26 @@ int Connection::sleepLocked(std::unique_lock<std::mutex> &lock, pollfd *fds, int
     return r == -EINTR ? -EINTR : 0;
 }
 
-int Connection::armLocked()
+int Connection::armLocked(bool light)
 {
+    // light: an application thread's arm, for its own sleep or look; the progress thread's is
+    // not (its passive set would find a signal left set every round).
+    // On tcp up to 1.17 fi_trywait resets the wait set's signal, then makes a progress pass and
+    // reads the CQ and the EQ for emptiness: two epoll_wait calls, per request for a server
+    // that answers and looks again. What it would learn is known here without them:
+    // - The CQ: the last read found it empty, and the provider sets the signal after each
+    //   completion it queues (and for a send it could not finish, whose POLLOUT only a progress
+    //   pass registers), so whatever came since makes the fd readable. Only a progress pass
+    //   resets the signal, and passes run inside reads and tries, which set cqDrained_ anew.
+    // - The EQ: while connected it only reports the endpoint going away, which flushes the
+    //   posted receives (always some) with errors first (eqDue_).
+    // - The socket's data is in the fd itself; a pass takes all that the socket buffer held.
+    // A signal still set only makes the sleep end at once: the look after it resets it.
+    if (light && domain_->caps().levelWait && waitSet_ && state_ == State::Connected && !error_ &&
+        !closed_ && rxCount_ > 0 && cqDrained_ && !eqDue_) {
+        armed_.store(true, std::memory_order_release);
+        return 0;
+    }
     // The CQ and the EQ share the wait set: one try covers both (naming both tried the set
     // twice, each try a progress pass over both, on tcp four epoll_wait calls an arm). Without
     // a wait set each is tried (verbs arms the CQ's notification there).
@@ -207,10 +225,15 @@ int Connection::armLocked()
     if (waitSet_)
         fids[0] = &waitSet_->fid;
     int ret = fi_trywait(domain_->fabric(), fids, waitSet_ ? 1 : 2);
+    // A try that succeeded found both empty after its pass; one that failed may have left
+    // completions queued behind a signal it reset.
+    cqDrained_ = ret == 0;
     if (ret == -FI_EAGAIN)
         return -EAGAIN;
-    if (ret == 0)
+    if (ret == 0) {
+        eqDue_ = false;
         armed_.store(true, std::memory_order_release);
+    }
     return ret ? fiErr(ret) : 0;
 }
 
@@ -228,12 +251,12 @@ bool Connection::takePendingLocked()
     return true;
 }
 
-int Connection::rearmLocked()
+int Connection::rearmLocked(bool light)
 {
     // The progress thread's arm: it may have taken the wait fd's signal for what only the look
     // after it queued, so it takes that before it sleeps, or pollers would sleep on.
     for (int i = 0; i < 4; i++) {
-        const int r = armLocked();
+        const int r = armLocked(light);
         if (r != -EAGAIN)
             return r;
         takePendingLocked();
@@ -263,10 +286,10 @@ int Connection::arm(uint64_t *seq, bool fdSeen)
     } else if (!ep_ || armed_.load(std::memory_order_relaxed)) {
         ret = 0;
     } else {
-        ret = armLocked();
+        ret = armLocked(true);
         // The caller looks again if what was pending changed anything.
         if (ret == -EAGAIN)
-            ret = takePendingLocked() ? -EAGAIN : armLocked();
+            ret = takePendingLocked() ? -EAGAIN : armLocked(true);
     }
     if (ret == 0 && seq)
         *seq = watchSeq_.load();
@@ -364,7 +387,7 @@ void Connection::peek(ssize_t *recv, ssize_t *send, uint64_t *ring)
         // Nothing left to read: arm, so that the looks until the next event cost no progress.
         // (rearmLocked() takes what arrived meanwhile, and the state is read after it.)
         if (quietLocked() && readableLocked() == 0)
-            (void)rearmLocked();
+            (void)rearmLocked(true);
     }
     *recv = peekRecvLocked();
     *send = peekSendLocked();
