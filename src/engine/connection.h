@@ -379,10 +379,9 @@ private:
     bool waitsForPeerLocked() const;
     // ... is knowing that injected writes left the provider, and nothing else.
     bool onlyInjectsPendingLocked() const;
-    // Takes what is pending that the last look did not (true: it changed something, and the
-    // sleepers were woken); the progress thread's arm, which takes it until the arm holds.
-    bool takePendingLocked();
-    int rearmLocked(bool light = false);
+    bool takePendingLocked(); // what the last look did not take; true: it changed something
+    int rearmLocked(bool light = false); // an arm that takes what is pending until it holds
+    bool reapAfterSendLocked(); // a send after a pause reaps its write's completion at once
     ssize_t peekRecvLocked() const;
     // Nothing but the peer can change the state (no unsent data, credit or word owed, no
     // deadline to check): while armed, a look needs no progress.
@@ -573,6 +572,7 @@ private:
     // the progress thread keeps out of the way of an application that drives progress itself.
     std::atomic<int64_t> appProgressNs_{0};
     std::atomic<int> appSleeping_{0};
+    int64_t lastSendNs_ = 0;                // reapAfterSendLocked()
     AdaptiveSpin spin_;                     // waitFor()'s spin before it sleeps
     RoomRate roomRate_;                     // whether its waits for room spin
     std::atomic<uint64_t> spinChosenNs_{0}; // the spins waitFor() chose, summed (tests)

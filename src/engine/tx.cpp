@@ -88,12 +88,29 @@ ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs
             // the application may not call again soon.
             if (tx_.unsent() > 0 && !corkHeld_)
                 progressLocked();
+            else if (!txOps_.empty() && domain_->caps().placesInCalls && reapAfterSendLocked())
+                processCqLocked();
             watch();
         }
         sent += n;
         if (sent == total || (flags & kNonBlock))
             return static_cast<ssize_t>(sent);
     }
+}
+
+bool Connection::reapAfterSendLocked()
+{
+    // A provider that sends inside the call (tcp) has queued the completion of a write that
+    // went out whole. Left for the application's next call, it got the progress thread's pass
+    // a millisecond later whenever that call came later still: a server busy with its other
+    // connections (nginx with 50 clients, for 45 % of its answers; the pass also took the
+    // client's next request, and the server needed waking for it). A connection written to
+    // now and then reaps it at once; one written to steadily (a stream, a ping-pong) leaves it
+    // to its next call, which comes soon (reaping after each 64 KiB write cost a stream 30 %).
+    const int64_t now = nowNs();
+    const bool pause = now - lastSendNs_ >= kAppIdleNs;
+    lastSendNs_ = now;
+    return pause;
 }
 
 void Connection::onTxCompleteLocked(TxOp *op)
