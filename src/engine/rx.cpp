@@ -153,7 +153,7 @@ void Connection::processCqLocked()
     // Reading may take an event that the armed wait fd signalled (on verbs the CQ is then
     // disarmed until the next fi_trywait): the next look makes progress again.
     disarmLocked();
-    cqDrained_ = false; // until a read finds it empty (lightArmLocked())
+    cqDrained_ = false; // until a read finds it empty (armLocked())
     fi_cq_data_entry entries[16];
     for (int batch = 0; batch < kMaxBatches; batch++) {
         ssize_t n = fi_cq_read(cq_, entries, 16);

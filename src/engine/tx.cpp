@@ -88,8 +88,10 @@ ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs
             // the application may not call again soon.
             if (tx_.unsent() > 0 && !corkHeld_)
                 progressLocked();
-            else if (!txOps_.empty() && domain_->caps().placesInCalls && reapAfterSendLocked())
+            else if (!txOps_.empty() && domain_->caps().placesInCalls && reapAfterSendLocked()) {
                 processCqLocked();
+                wakeSleepersLocked(); // what the read took, a sleeper's fd no longer shows
+            }
             watch();
         }
         sent += n;
