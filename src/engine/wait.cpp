@@ -501,15 +501,6 @@ int Connection::backgroundProgress(bool *closedDone, int64_t *recheckNs)
         watched_ = false;
         return kProgressDone;
     }
-    if (!closing_ && !needsBackgroundLocked()) {
-        // What it was watched for is done: the application's own looks took it (the write's
-        // completion a server's next look reaps). A pass now would only take the peer's next
-        // message from under the application, which then needs waking: nginx over the fabric
-        // with 50 clients paid this thread 7 system calls per request for that. (A closing
-        // connection goes on below, where it is finished and freed.)
-        watched_ = false;
-        return kProgressDone;
-    }
     const int64_t idleNs = onlyInjectsPendingLocked() ? kInjectIdleNs : kAppIdleNs;
     const int64_t quietAtNs = appProgressNs_.load(std::memory_order_relaxed) + idleNs;
     if (nowNs() < quietAtNs && !closing_) {
