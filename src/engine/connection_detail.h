@@ -81,6 +81,8 @@ constexpr size_t kRecordMsgBytes = sizeof(uint32_t) + wire::kIoMapRecordSize;
 constexpr size_t kRecordSlotBytes = (kRecordMsgBytes + 7) & ~size_t(7);
 
 constexpr int kMaxBatches = 8;
+// progressLocked() calls per passive-set wake-up at most (passiveProgress()).
+constexpr int kPassiveRounds = 32;
 constexpr uint32_t kEqInterval = 16;
 // The progress thread leaves a connection to the application for this long after the
 // application last made progress on it: racing it for the lock and the CQ only costs both

@@ -15,6 +15,7 @@
 
 #include "clock.h"
 #include "connection.h"
+#include "connection_detail.h"
 #include "progress.h"
 
 namespace rstream {
@@ -128,7 +129,14 @@ bool Connection::passiveProgress(bool *watch)
         passive_ = false;
         return false;
     }
-    progressLocked(false);
+    // One read takes kMaxBatches of the CQ. What arrived while nobody looked (a peer filling the
+    // ring while the application reads elsewhere) is taken in this wake-up, not a batch every
+    // kPassiveIntervalNs; bounded, so a peer that never stops sending waits for the next round.
+    for (int round = 0; round < kPassiveRounds; round++) {
+        progressLocked(false);
+        if (cqDrained_ || error_ || closed_)
+            break;
+    }
     // Resets the wait set's signal when nothing is pending, or the fd would stay readable and
     // bring the connection back every round. Sleepers were woken by progressLocked() already.
     (void)rearmLocked();

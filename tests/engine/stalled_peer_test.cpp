@@ -3,8 +3,10 @@
 // without costing the process CPU (the progress thread sleeps on the connection's wait fd
 // instead of polling it), and other connections keep working meanwhile.
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <sys/resource.h>
 #include <thread>
 #include <vector>
@@ -48,12 +50,20 @@ TEST_P(StalledPeer, WaitingForCreditCostsNoCpu)
     }
     ASSERT_EQ(eagains, 20) << "the writer was never held back";
     // The application goes quiet with unsent data in its send ring: the progress thread has
-    // work it cannot do until the peer returns credit.
-    const double before = cpuMs();
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-    const double used = cpuMs() - before;
+    // work it cannot do until the peer returns credit. What was in flight when the writer gave
+    // up may still be landing in the reader's ring (slow under the sanitizers), so the quietest
+    // of three seconds counts; a thread that polls costs CPU in every one of them.
+    double used = 1e9;
+    std::string seconds;
+    for (int i = 0; i < 3 && used >= 10.0; i++) {
+        const double before = cpuMs();
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        const double ms = cpuMs() - before;
+        used = std::min(used, ms);
+        seconds += (seconds.empty() ? "" : " ") + std::to_string(ms);
+    }
     RecordProperty("cpu_ms_per_s_stalled", std::to_string(used));
-    EXPECT_LT(used, 10.0) << "the process spent " << used << " ms of CPU in 1 s waiting";
+    EXPECT_LT(used, 10.0) << "the process spent " << seconds << " ms of CPU in each second waiting";
     // Another connection is not held up meanwhile.
     auto [c2, s2] = pair();
     ASSERT_TRUE(c2 && s2);
