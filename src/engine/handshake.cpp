@@ -257,6 +257,9 @@ void Connection::processEqLocked()
             } else if (state_ == State::Connected && !passive_) {
                 passive_ = true;
                 ProgressThread::instance().addPassive(this, waitFd_);
+                // The connect deadline is past use: its tick would only wake the thread (4,000
+                // endpoints opened in a few seconds woke it every 10 ms for seconds after).
+                ProgressThread::instance().reschedule(this, ringTimerArmed_ ? ringDueNs_ : 0);
                 if (ka_.on())
                     ProgressThread::instance().schedule(this, ka_.start(nowNs()));
                 if (userTimeoutNs_)

@@ -190,7 +190,7 @@ void ProgressThread::schedule(ProgressClient *conn, int64_t deadlineNs)
     // Queued under a leaf lock and merged by the thread, so that this may be called from
     // anywhere, the thread's own calls into connections included.
     std::lock_guard<std::mutex> lock(pendingMutex_);
-    pending_.emplace_back(conn, deadlineNs);
+    pending_.push_back({conn, deadlineNs, false});
     if (deadlineNs < pendingMinNs_) {
         pendingMinNs_ = deadlineNs;
         uint64_t one = 1;
@@ -200,10 +200,32 @@ void ProgressThread::schedule(ProgressClient *conn, int64_t deadlineNs)
     }
 }
 
+void ProgressThread::reschedule(ProgressClient *conn, int64_t deadlineNs)
+{
+    if (!started_.load(std::memory_order_acquire)) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        start();
+    }
+    // No wake-up: a later deadline or none can wait for the thread's next loop, which merges
+    // it before it looks at the timers.
+    std::lock_guard<std::mutex> lock(pendingMutex_);
+    pending_.push_back({conn, deadlineNs, true});
+}
+
 void ProgressThread::mergePendingLocked()
 {
     std::lock_guard<std::mutex> lock(pendingMutex_);
-    for (auto [conn, deadlineNs] : pending_) {
+    bool dropped = false;
+    for (auto [conn, deadlineNs, exact] : pending_) {
+        if (exact) {
+            if (auto it = timers_.find(conn); it != timers_.end()) {
+                byDeadline_.erase({it->second, conn});
+                timers_.erase(it);
+                dropped = true;
+            }
+            if (!deadlineNs)
+                continue;
+        }
         auto [it, added] = timers_.emplace(conn, deadlineNs);
         if (!added) {
             if (deadlineNs >= it->second)
@@ -214,6 +236,9 @@ void ProgressThread::mergePendingLocked()
         byDeadline_.emplace(deadlineNs, conn);
         nextTimerNs_ = std::min(nextTimerNs_, deadlineNs);
     }
+    // A deadline dropped or moved later may have been the next one.
+    if (dropped)
+        nextTimerNs_ = byDeadline_.empty() ? INT64_MAX : byDeadline_.begin()->first;
     pending_.clear();
     pendingMinNs_ = INT64_MAX;
 }
@@ -228,7 +253,7 @@ void ProgressThread::forget(ProgressClient *conn, int fd)
     }
     {
         std::lock_guard<std::mutex> pendingLock(pendingMutex_);
-        std::erase_if(pending_, [conn](const auto &p) { return p.first == conn; });
+        std::erase_if(pending_, [conn](const auto &p) { return p.conn == conn; });
     }
     // Events are read and dispatched with mutex_ held, so none can name conn after this.
     if (fd >= 0 && epollFd_ >= 0)

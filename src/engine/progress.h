@@ -102,6 +102,9 @@ public:
     // Calls conn->timerTick() at or after deadlineNs (CLOCK_MONOTONIC); an earlier deadline
     // replaces a later one. Takes only a leaf lock: callable from anywhere.
     void schedule(ProgressClient *conn, int64_t deadlineNs);
+    // The same, but deadlineNs replaces whatever deadline conn had, a later one included; 0
+    // drops its timer (a connection's connect deadline once it is connected).
+    void reschedule(ProgressClient *conn, int64_t deadlineNs);
     // Called from ~Connection before its wait fd closes: no list, timer or event refers to conn
     // after this returns.
     void forget(ProgressClient *conn, int fd);
@@ -131,7 +134,13 @@ private:
     std::set<std::pair<int64_t, ProgressClient *>> byDeadline_;
     int64_t nextTimerNs_ = INT64_MAX;
     std::mutex pendingMutex_; // a leaf lock: schedule() may be called from anywhere
-    std::vector<std::pair<ProgressClient *, int64_t>> pending_;
+    struct PendingTimer
+    {
+        ProgressClient *conn;
+        int64_t deadlineNs;
+        bool exact; // reschedule(): replaces a later deadline too, 0 drops the timer
+    };
+    std::vector<PendingTimer> pending_;
     int64_t pendingMinNs_ = INT64_MAX;
     int64_t passiveNextNs_ = 0; // the passive set is polled again from then on
     int eventFd_ = -1;
