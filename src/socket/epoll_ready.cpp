@@ -89,6 +89,8 @@ void EpollSet::forgetAfterForkLocked()
         e.connRaw = nullptr;
         e.looked = false;
         e.hintFd = -1;
+        e.hintLasting = false;
+        e.edgeSinceLook = false;
         e.parkFds.clear();
         e.armedFds.clear();
         e.firedFds.clear();
@@ -127,14 +129,20 @@ void EpollSet::unwatchLocked(Entry &e)
     unparkFdsLocked(e);
     if (e.hintFd >= 0) {
         auto own = hintOwner_.find(e.hintFd);
-        if (own != hintOwner_.end() && own->second == keyOf(e))
+        if (own != hintOwner_.end() && own->second == keyOf(e)) {
             hintOwner_.erase(own);
-        // The fd stays in the hint epoll: programs such as redis-benchmark take a socket out
-        // of their set and put it back at every request, and the next parking's EPOLL_CTL_MOD
-        // then finds it there (two system calls saved). Left behind, it fires at most once
-        // (one-shot) under a key no entry has, which the wait ignores; it leaves the hint
-        // epoll with its file.
+            // A lasting registration would fire under a key no entry has at every arrival,
+            // waking sleeps for nothing: it leaves.
+            if (e.hintLasting)
+                (void)sys::epollCtl(hintEp_, EPOLL_CTL_DEL, e.hintFd, nullptr);
+        }
+        // A one-shot one stays in the hint epoll: programs such as redis-benchmark take a
+        // socket out of their set and put it back at every request (it has no lasting
+        // registration then: a new entry's first parking is one-shot), and the next parking's
+        // EPOLL_CTL_MOD finds it there (two system calls saved). Left behind, it fires at most
+        // once under a key no entry has, which the wait ignores; it leaves with its file.
         e.hintFd = -1;
+        e.hintLasting = false;
     }
     if (e.slot) {
         e.slot->parked.store(false);
@@ -268,25 +276,40 @@ int EpollSet::parkLocked(Entry &e, int64_t idleNs)
         if (o && o->hintFd == fd && !o->conn.expired())
             return 0;
     }
-    // One-shot: it fires once for the parking, and a member woken by a mark is not reported.
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLONESHOT;
-    ev.data.u64 = key;
-    int r = sys::epollCtl(hintEp_, EPOLL_CTL_MOD, fd, &ev);
-    if (r == -ENOENT)
-        r = sys::epollCtl(hintEp_, EPOLL_CTL_ADD, fd, &ev);
-    if (r < 0) {
-        RS_LOG(Debug, "epoll %d: cannot watch fd %d's wait fd %d: %s", epfd_, e.fd, fd,
-               strerror(-r));
-        return 0;
+    // A member that parks again on the same fabric wait fd keeps its registration: lasting and
+    // edge-triggered, it fires for what arrives while the member is parked, and what arrived
+    // before the member's look the look saw. Only a wake-up taken since that look (the look
+    // may have missed its cause) has it registered again, which reports the fd if readable
+    // now. A busy server's members park once per request: that was an EPOLL_CTL_MOD each.
+    // Others register one-shot at each parking: a member's first parking (a program that
+    // takes sockets out of its set and puts them back at every request would otherwise pay a
+    // removal each time), a same-host link (its fd's readiness is its own byte, kept until
+    // read), and the program's one-shot members (not parked once reported).
+    const bool lasting = !sameHost && !(e.events & EPOLLONESHOT) && e.hintFd == fd;
+    if (!(lasting && e.hintLasting && !e.edgeSinceLook)) {
+        epoll_event ev{};
+        ev.events = lasting ? EPOLLIN | EPOLLET : EPOLLIN | EPOLLONESHOT;
+        ev.data.u64 = key;
+        int r = sys::epollCtl(hintEp_, EPOLL_CTL_MOD, fd, &ev);
+        if (r == -ENOENT)
+            r = sys::epollCtl(hintEp_, EPOLL_CTL_ADD, fd, &ev);
+        if (r < 0) {
+            RS_LOG(Debug, "epoll %d: cannot watch fd %d's wait fd %d: %s", epfd_, e.fd, fd,
+                   strerror(-r));
+            return 0;
+        }
+        if (e.hintFd >= 0 && e.hintFd != fd) {
+            auto old = hintOwner_.find(e.hintFd);
+            if (old != hintOwner_.end() && old->second == key) {
+                hintOwner_.erase(old);
+                if (e.hintLasting)
+                    (void)sys::epollCtl(hintEp_, EPOLL_CTL_DEL, e.hintFd, nullptr);
+            }
+        }
+        e.hintFd = fd;
+        e.hintLasting = lasting;
+        hintOwner_[fd] = key;
     }
-    if (e.hintFd >= 0 && e.hintFd != fd) {
-        auto old = hintOwner_.find(e.hintFd);
-        if (old != hintOwner_.end() && old->second == key)
-            hintOwner_.erase(old);
-    }
-    e.hintFd = fd;
-    hintOwner_[fd] = key;
     // Sequentially consistent, as Connection::notifyWatchesLocked(): either the connection
     // sees the slot parked and marks it, or this sees its sequence move (or its fd disarmed).
     e.slot->parked.store(true);
@@ -363,9 +386,21 @@ void EpollSet::applyWakesLocked(const epoll_event *buf, int k, bool *kernelReady
                 e->firedFds.push_back(fd);
             }
         }
-        if (Entry *e = findLocked(key); e && e->parked && !e->disabled) {
+        Entry *e = findLocked(key);
+        if (!e)
+            continue;
+        e->edgeSinceLook = true;
+        if (e->parked && !e->disabled) {
             activateLocked(*e);
             e->fired = true;
+        } else if (e->hintLasting && !e->active && e->hintFd >= 0) {
+            // Neither parked nor looked at (the program's one-shot fired): its lasting
+            // registration would wake sleeps at every arrival until the program re-arms it.
+            epoll_event ev{};
+            ev.events = EPOLLONESHOT; // disarmed until the next parking
+            ev.data.u64 = key;
+            (void)sys::epollCtl(hintEp_, EPOLL_CTL_MOD, e->hintFd, &ev);
+            e->hintLasting = false;
         }
     }
 }

@@ -247,6 +247,7 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
         if (std::shared_ptr<Connection> c = s->hintConnection())
             watchLocked(*e, c);
         Connection::clearLook();
+        e->edgeSinceLook = false; // what fired before this look, the look sees
         looks_.fetch_add(1, std::memory_order_relaxed);
         const int rev = s->pollEvents(static_cast<int>(toPoll(e->events)));
         const WatchLook look = Connection::lastLook();

@@ -114,6 +114,10 @@ private:
         bool looked = false; // the last look reached connRaw, and lookSeq is its watchSeq()
         uint64_t lookSeq = 0;
         int hintFd = -1; // the fd registered for it in the hint epoll (-1: none)
+        // hintFd is registered edge-triggered and stays so (a fabric connection's wait fd): a
+        // parking re-registers it only when it fired since the member's last look.
+        bool hintLasting = false;
+        bool edgeSinceLook = false; // a wake-up of hintFd was taken after the last look
         // A member without a connection (a listener) parks on the fds it names (parkFds()).
         std::vector<int> parkFds;
         std::vector<int> armedFds; // those of them armed now (their one-shot not spent)

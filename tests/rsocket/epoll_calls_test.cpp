@@ -30,7 +30,7 @@ using rstest_epoll::kModes;
 
 // The calls of one thread (the one that sets tCounting): the progress thread's are not counted.
 thread_local bool tCounting = false;
-std::atomic<int> gWaitPpolls{0}, gEpollWaits{0}, gEpollPwaits{0}, gWrites{0};
+std::atomic<int> gWaitPpolls{0}, gEpollWaits{0}, gEpollPwaits{0}, gWrites{0}, gEpollCtls{0};
 int threadPpoll(pollfd *fds, nfds_t n, const timespec *t, const sigset_t *mask)
 {
     gWaitPpolls += tCounting;
@@ -51,10 +51,16 @@ int threadEpollPwait(int ep, epoll_event *ev, int n, int t, const sigset_t *mask
     gEpollPwaits += tCounting;
     return ::epoll_pwait(ep, ev, n, t, mask);
 }
+int threadEpollCtl(int ep, int op, int fd, epoll_event *ev)
+{
+    gEpollCtls += tCounting;
+    return ::epoll_ctl(ep, op, fd, ev);
+}
 const sys::Calls &threadCountingCalls()
 {
     static const sys::Calls table = [] {
         sys::Calls t = sys::kLibc;
+        t.epollCtl = threadEpollCtl;
         t.ppoll = threadPpoll;
         t.epollWait = threadEpollWait;
         t.epollPwait = threadEpollPwait;
@@ -224,6 +230,52 @@ TEST_P(EpollReady, ALookAtMemberFdsIsOneSystemCall)
     EXPECT_TRUE(out[0].events & EPOLLIN);
     s->close();
     c->close();
+}
+
+// A fabric member that parks again on its wait fd keeps the fd's registration in the hint epoll
+// (lasting, edge-triggered): a request that wakes it, is read, and leaves it to park again costs
+// no epoll_ctl. It was an EPOLL_CTL_MOD per request (one-shot), a seventh of a busy fabric
+// server's system calls. Every message still wakes the sleep, over 40 rounds. A same-host
+// member re-registers (one-shot) at each parking: its count shows that the counter counts.
+TEST_P(EpollReady, FabricMemberParksAgainWithoutReRegistering)
+{
+    connectPairs(2);
+    ASSERT_TRUE(parked(2)) << set_->parkedCount() << " of 2 parked";
+    const sys::Calls &table = threadCountingCalls();
+    epoll_event out[4];
+    int ctls = 0, rounds = 0;
+    for (int round = 0; round < 42; round++) {
+        SCOPED_TRACE(round);
+        std::thread t([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            sendByte(*pairs_[round % 2].first);
+        });
+        sys::bind(&table);
+        gEpollCtls = 0;
+        tCounting = true;
+        int n = 0;
+        while (n == 0)
+            n = set_->wait(out, 4, 5000, nullptr, 0);
+        tCounting = false;
+        sys::bind(&sys::kLibc);
+        t.join();
+        ASSERT_EQ(n, 1);
+        EXPECT_EQ(out[0].data.u64, uint64_t(round % 2));
+        char b;
+        iovec v{&b, 1};
+        ASSERT_EQ(pairs_[round % 2].second->recv(&v, 1, 0), 1);
+        // The first two rounds make each member's registration lasting.
+        if (round >= 2) {
+            ctls += gEpollCtls;
+            rounds++;
+        }
+        // The member parks again (its look finds nothing) before the next message.
+        ASSERT_EQ(set_->wait(out, 4, 0, nullptr, 0), 0);
+    }
+    if (GetParam().sameHost)
+        EXPECT_GE(ctls, rounds) << "a same-host member re-registers at every parking";
+    else
+        EXPECT_LE(ctls, rounds / 10) << ctls << " epoll_ctl calls in " << rounds << " rounds";
 }
 
 // A same-host member of a set of a few, busy (its program's waits find something, or poll with
