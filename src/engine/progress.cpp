@@ -183,6 +183,16 @@ void ProgressThread::addPassive(ProgressClient *conn, int fd)
 
 void ProgressThread::schedule(ProgressClient *conn, int64_t deadlineNs)
 {
+    queueTimer(conn, deadlineNs, false);
+}
+
+void ProgressThread::reschedule(ProgressClient *conn, int64_t deadlineNs)
+{
+    queueTimer(conn, deadlineNs, true);
+}
+
+void ProgressThread::queueTimer(ProgressClient *conn, int64_t deadlineNs, bool exact)
+{
     if (!started_.load(std::memory_order_acquire)) {
         std::lock_guard<std::mutex> lock(mutex_);
         start();
@@ -190,26 +200,16 @@ void ProgressThread::schedule(ProgressClient *conn, int64_t deadlineNs)
     // Queued under a leaf lock and merged by the thread, so that this may be called from
     // anywhere, the thread's own calls into connections included.
     std::lock_guard<std::mutex> lock(pendingMutex_);
-    pending_.push_back({conn, deadlineNs, false});
-    if (deadlineNs < pendingMinNs_) {
+    pending_.push_back({conn, deadlineNs, exact});
+    // A deadline wakes the thread if it may be the earliest; a timer dropped (0) waits for
+    // its next loop, which merges that before it looks at the timers.
+    if (deadlineNs && deadlineNs < pendingMinNs_) {
         pendingMinNs_ = deadlineNs;
         uint64_t one = 1;
         if (eventFd_ >= 0 && sys::write(eventFd_, &one, sizeof(one)) < 0) {
             // Already signalled.
         }
     }
-}
-
-void ProgressThread::reschedule(ProgressClient *conn, int64_t deadlineNs)
-{
-    if (!started_.load(std::memory_order_acquire)) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        start();
-    }
-    // No wake-up: a later deadline or none can wait for the thread's next loop, which merges
-    // it before it looks at the timers.
-    std::lock_guard<std::mutex> lock(pendingMutex_);
-    pending_.push_back({conn, deadlineNs, true});
 }
 
 void ProgressThread::mergePendingLocked()

@@ -117,6 +117,7 @@ private:
     ProgressThread();
     void run();
     void start();
+    void queueTimer(ProgressClient *conn, int64_t deadlineNs, bool exact);
     void runTimersLocked(int64_t now);
     void runPassiveLocked();
     void afterFork();
