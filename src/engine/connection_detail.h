@@ -80,6 +80,17 @@ constexpr uint64_t kCoalesceMax = 16 * 1024;
 constexpr size_t kRecordMsgBytes = sizeof(uint32_t) + wire::kIoMapRecordSize;
 constexpr size_t kRecordSlotBytes = (kRecordMsgBytes + 7) & ~size_t(7);
 
+// When an idle ring's timer is due: idleMs from now, rounded up onto a grid of an eighth of it
+// (250 ms at the default). The timers of thousands of connections that went quiet at different
+// moments then fall due together, a few wake-ups of the progress thread a second instead of one
+// every ProgressThread::kTimerSlackNs.
+inline int64_t ringDueAfter(int64_t now, int64_t idleMs)
+{
+    const int64_t grain = std::clamp<int64_t>(idleMs * 1000000 / 8, 1000000, 250 * 1000000);
+    const int64_t due = now + idleMs * 1000000;
+    return (due + grain - 1) / grain * grain;
+}
+
 constexpr int kMaxBatches = 8;
 // progressLocked() calls per passive-set wake-up at most (passiveProgress()).
 constexpr int kPassiveRounds = 32;

@@ -103,16 +103,7 @@ int64_t Connection::timerTick(int64_t now, bool *watch)
         // ring have timers.
         return shTimerLocked(now);
     }
-    // A progress call costs the tcp provider two system calls. A ring timer that finds bytes
-    // moved since its last look only looks again later, and what arrives meanwhile makes the
-    // wait fd readable in the passive set: 2,000 connections after a burst of traffic made the
-    // thread wake every 10 ms for those ticks, 340 of them a second, two calls each.
-    const bool ringOnly = state_ == State::Connected && !error_ && !closed_ && !closing_ &&
-                          !ka_.on() && !userTimeoutNs_ && !corkHeld_ &&
-                          !(ringTimerArmed_ && now >= ringDueNs_ &&
-                            (bytesMovedLocked() == ringStamp_ || tx_.tail != tx_.done));
-    if (!ringOnly)
-        progressLocked(false);
+    progressLocked(false);
     int64_t next = keepaliveLocked(now);
     if (const int64_t ut = userTimeoutLocked(now); ut && (!next || ut < next))
         next = ut;

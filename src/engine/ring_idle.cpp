@@ -5,7 +5,6 @@
 #include "connection.h"
 #include "connection_detail.h"
 
-#include <algorithm>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -52,17 +51,6 @@ size_t resident(uint8_t *base, size_t len)
     for (unsigned char v : vec)
         n += v & 1;
     return n * page;
-}
-
-// When an idle ring's timer is due: idleMs from now, rounded up onto a grid of an eighth of it
-// (250 ms at the default). The timers of thousands of connections that went quiet at different
-// moments then fall due together, a few wake-ups of the progress thread a second instead of one
-// every kTimerSlackNs (100 a second, for 4,000 endpoints after a burst).
-int64_t ringDueAfter(int64_t now, int64_t idleMs)
-{
-    const int64_t grain = std::clamp<int64_t>(idleMs * 1000000 / 8, 1000000, 250 * 1000000);
-    const int64_t due = now + idleMs * 1000000;
-    return (due + grain - 1) / grain * grain;
 }
 
 } // namespace

@@ -229,7 +229,7 @@ ssize_t Connection::shSendv(const iovec *iov, int iovcnt, int flags, int64_t dea
                     // The send ring gives its pages back once the connection is idle.
                     ringTimerArmed_ = true;
                     ringStamp_ = bytesMovedLocked();
-                    ringDueNs_ = nowNs() + int64_t(settings_.ringIdleMs) * 1000000;
+                    ringDueNs_ = ringDueAfter(nowNs(), settings_.ringIdleMs);
                     ProgressThread::instance().schedule(this, ringDueNs_);
                 }
                 if (!sh_->held()) {
@@ -342,7 +342,7 @@ int64_t Connection::shTimerLocked(int64_t now)
             std::unique_lock<std::mutex> send(sendMutex_, std::try_to_lock);
             if (moved != ringStamp_ || !send.owns_lock()) {
                 ringStamp_ = moved; // busy: look again after a quiet interval
-                due = ringDueNs_ = now + int64_t(settings_.ringIdleMs) * 1000000;
+                due = ringDueNs_ = ringDueAfter(now, settings_.ringIdleMs);
             } else {
                 if (sh_->releaseIdleRing())
                     ringReleases_.fetch_add(1, std::memory_order_relaxed);

@@ -5,8 +5,6 @@
 // answers to injected requests cost in the progress thread's KEEPALIVEs and wake-ups.
 
 #include <chrono>
-#include <dirent.h>
-#include <fstream>
 #include <poll.h>
 #include <string>
 #include <thread>
@@ -15,6 +13,7 @@
 
 #include "engine_fixture.h"
 #include "interrupt.h"
+#include "proc.h"
 
 namespace rstream {
 namespace {
@@ -191,33 +190,6 @@ TEST_P(HintTest, SlowRequestsDoNotSpin)
     EXPECT_EQ(s0->spinChosenNs(), 0u) << "a zero cap spins for nothing";
 }
 
-// The progress thread's context switches so far (each sleep of its own is one), found by its
-// name; -1 if it is not running.
-long progressThreadSwitches()
-{
-    DIR *d = opendir("/proc/self/task");
-    if (!d)
-        return -1;
-    long switches = -1;
-    while (dirent *e = readdir(d)) {
-        const std::string task = std::string("/proc/self/task/") + e->d_name;
-        std::ifstream comm(task + "/comm");
-        std::string name;
-        if (!std::getline(comm, name) || name != "rstream-prog")
-            continue;
-        std::ifstream status(task + "/status");
-        switches = 0;
-        for (std::string line; std::getline(status, line);) {
-            if (line.rfind("voluntary_ctxt_switches:", 0) == 0 ||
-                line.rfind("nonvoluntary_ctxt_switches:", 0) == 0)
-                switches += std::stol(line.substr(line.find(':') + 1));
-        }
-        break;
-    }
-    closedir(d);
-    return switches;
-}
-
 // A server with a request every 2 ms: its connection always has an injected answer whose hand-over
 // nobody has confirmed, but the application drives it, so the progress thread leaves it alone
 // until it goes quiet. It used to look every millisecond meanwhile, a wake-up a request for
@@ -232,10 +204,10 @@ TEST_P(HintTest, PacedRequestsLeaveTheProgressThreadAsleep)
     // Settle: the pair's setup and first exchange are the thread's work.
     ASSERT_GE(serverCpuNs(c.get(), s.get(), 5), 0);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    const long before = progressThreadSwitches();
+    const long before = rstest::threadSwitches("rstream-prog");
     const auto t0 = std::chrono::steady_clock::now();
     ASSERT_GE(serverCpuNs(c.get(), s.get(), n), 0);
-    const long after = progressThreadSwitches();
+    const long after = rstest::threadSwitches("rstream-prog");
     const long ms = long(
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
             .count());
@@ -274,7 +246,7 @@ TEST_P(HintTest, AnswersAfterAPauseLeaveTheProgressThreadAsleep)
     const int n = 60;
     std::vector<char> answer(1024, 'a'); // more than tcp injects (128 B)
     char b = 0;
-    const long before = progressThreadSwitches();
+    const long before = rstest::threadSwitches("rstream-prog");
     ASSERT_GE(before, 0) << "no thread named rstream-prog";
     const uint64_t calls0 = s->progressCalls();
     for (int i = 0; i < n; i++) {
@@ -286,13 +258,58 @@ TEST_P(HintTest, AnswersAfterAPauseLeaveTheProgressThreadAsleep)
         std::this_thread::sleep_for(std::chrono::milliseconds(3)); // busy elsewhere
         ASSERT_EQ(c->recv(answer.data(), answer.size(), kWaitAll, 5000), ssize_t(answer.size()));
     }
-    const long switches = progressThreadSwitches() - before;
+    const long switches = rstest::threadSwitches("rstream-prog") - before;
     const uint64_t calls = s->progressCalls() - calls0;
     RecordProperty("progress_thread_switches", int(switches));
     RecordProperty("server_progress_calls", int(calls));
     // The server's receive makes one progress call a request (two when it had to wait); the
     // thread's pass a millisecond after each answer made one more.
     EXPECT_LT(calls, uint64_t(3 * n / 2)) << "the progress thread took passes over the server";
+}
+
+// Connections that go quiet at different moments give their idle send rings back together: the
+// rings' timers sit on a grid of an eighth of the idle time, so the progress thread wakes a few
+// times for them, not once per connection. Here 30 pairs go quiet 10 ms apart; in the window
+// where their timers fall due (ringIdleMs 400: a 50 ms grid) the thread switched 32-35 times
+// with the timers off the grid (one per deadline, 10 ms slack), 8 on it. Every sender's
+// ring is still given back.
+TEST_P(HintTest, IdleRingTimersFallDueTogether)
+{
+    if (GetParam().strict || GetParam().iwarp || GetParam().sameHost)
+        GTEST_SKIP() << "the default mode covers it";
+    Settings st = settings();
+    st.ringIdleMs = 400;
+    std::vector<std::unique_ptr<Connection>> cs, ss;
+    for (int i = 0; i < 30; i++) {
+        auto [c, s] = pair(st, st);
+        ASSERT_TRUE(c && s);
+        cs.push_back(std::move(c));
+        ss.push_back(std::move(s));
+    }
+    std::vector<uint64_t> releases;
+    std::vector<char> buf(64 * 1024, 'x');
+    for (size_t i = 0; i < cs.size(); i++) {
+        releases.push_back(cs[i]->ringReleases());
+        ASSERT_EQ(cs[i]->send(buf.data(), buf.size()), ssize_t(buf.size()));
+        ASSERT_EQ(ss[i]->recv(buf.data(), buf.size(), kWaitAll, 5000), ssize_t(buf.size()));
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    // The last pair went quiet about now; the first 300 ms ago. Their timers fall due from
+    // 100 ms to 400 ms from here; the window leaves out the injected writes' follow-ups (20 ms).
+    std::this_thread::sleep_for(std::chrono::milliseconds(90));
+    const long before = rstest::threadSwitches("rstream-prog");
+    ASSERT_GE(before, 0) << "no thread named rstream-prog";
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    const long switches = rstest::threadSwitches("rstream-prog") - before;
+    RecordProperty("progress_thread_switches", int(switches));
+    // A timer that finds bytes moved since it was armed (the peer's credit) looks again one
+    // idle time later: all are given back within a second or so.
+    for (size_t i = 0; i < cs.size(); i++) {
+        for (int k = 0; k < 300 && cs[i]->ringReleases() == releases[i]; k++)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        EXPECT_GT(cs[i]->ringReleases(), releases[i]) << "pair " << i << " kept its send ring";
+    }
+    EXPECT_LT(switches, 20) << "the progress thread woke once per connection going idle";
 }
 
 TEST_P(HintTest, BlockingSendWaitingForASlowReaderDoesNotSpin)

@@ -207,6 +207,7 @@ TEST_F(Scale, ManyConnectionsInOneProcess)
     usleep(300 * 1000); // background credit returns settle
     double idleCpuMs = 1e9;
     long idleWakes = 0;
+    ASSERT_GE(rstest::threadSwitches("rstream-prog"), 0) << "no thread named rstream-prog";
     for (int k = 0; k < 3 && idleCpuMs >= 50.0; k++) {
         const double cpu0 = cpuSeconds();
         const long wakes0 = rstest::threadSwitches("rstream-prog");

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <dirent.h>
+#include <fstream>
 #include <malloc.h>
 #include <string>
 #include <sys/resource.h>
@@ -71,40 +72,33 @@ inline double cpuSeconds()
            double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
-// How many times this process's threads named `name` were switched out (voluntary and
-// involuntary context switches, summed): a thread that sleeps between rare wake-ups counts few,
-// one that polls counts one per look. Unlike CPU time, it does not move with a shared virtual
-// machine's accounting (on these machines, a thread asleep for a second was charged 20-40 ms).
+// The context switches so far (voluntary and involuntary) of this process's thread named
+// `name`, such as the progress thread ("rstream-prog"): each sleep of its own is one, so a thread
+// that sleeps between rare wake-ups counts few and one that polls one per look. Unlike CPU time,
+// it does not move with a shared virtual machine's accounting (on these machines, a thread
+// asleep for a whole second was charged 20-40 ms). -1 if no such thread runs.
 inline long threadSwitches(const char *name)
 {
-    long total = 0;
-    if (DIR *d = opendir("/proc/self/task")) {
-        while (dirent *e = readdir(d)) {
-            if (e->d_name[0] == '.')
-                continue;
-            char path[300], comm[64] = {};
-            std::snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
-            if (FILE *f = std::fopen(path, "r")) {
-                if (!std::fgets(comm, sizeof(comm), f))
-                    comm[0] = 0;
-                std::fclose(f);
-            }
-            if (std::string(comm) != std::string(name) + "\n")
-                continue;
-            std::snprintf(path, sizeof(path), "/proc/self/task/%s/status", e->d_name);
-            if (FILE *f = std::fopen(path, "r")) {
-                char line[256];
-                long v = 0;
-                while (std::fgets(line, sizeof(line), f))
-                    if (std::sscanf(line, "voluntary_ctxt_switches: %ld", &v) == 1 ||
-                        std::sscanf(line, "nonvoluntary_ctxt_switches: %ld", &v) == 1)
-                        total += v;
-                std::fclose(f);
-            }
-        }
-        closedir(d);
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return -1;
+    long switches = -1;
+    while (dirent *e = readdir(d)) {
+        const std::string task = std::string("/proc/self/task/") + e->d_name;
+        std::ifstream comm(task + "/comm");
+        std::string line;
+        if (!std::getline(comm, line) || line != name)
+            continue;
+        std::ifstream status(task + "/status");
+        switches = 0;
+        while (std::getline(status, line))
+            if (line.rfind("voluntary_ctxt_switches:", 0) == 0 ||
+                line.rfind("nonvoluntary_ctxt_switches:", 0) == 0)
+                switches += std::stol(line.substr(line.find(':') + 1));
+        break;
     }
-    return total;
+    closedir(d);
+    return switches;
 }
 
 } // namespace rstest
