@@ -180,8 +180,13 @@ void HybridSocket::lateStepLocked()
         uint8_t n[kClientCountSize];
         wire::encodeToken(lateWritten_, n);
         iovec iov{n, sizeof(n)};
-        if (upSock_->send(&iov, 1, MSG_DONTWAIT | MSG_NOSIGNAL) !=
-            static_cast<ssize_t>(sizeof(n))) {
+        const ssize_t sent = upSock_->send(&iov, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (sent == -EPIPE) {
+            // The server closed its socket right after its ack (a reply and a close): it reads
+            // nothing more, and what it wrote after the ack is in the fabric connection, ahead
+            // of its end. The switch goes on without the count, so that those bytes are read.
+            RS_LOG_FD(Debug, fd_, "switch: the server closed after its ack");
+        } else if (sent != static_cast<ssize_t>(sizeof(n))) {
             // The server writes on the fabric already: without our count it cannot read on.
             upSock_->close();
             sys::shutdown(fd_, SHUT_RDWR);
@@ -261,8 +266,18 @@ void HybridSocket::lateStepLocked()
         msg[0] = wire::kUpgradeAck;
         wire::encodeToken(lateWritten_, msg + 1);
         iovec iov{msg, sizeof(msg)};
-        if (upSock_->send(&iov, 1, MSG_DONTWAIT | MSG_NOSIGNAL) !=
-            static_cast<ssize_t>(sizeof(msg))) {
+        const ssize_t sent = upSock_->send(&iov, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (sent == -EPIPE) {
+            // The client closed its socket after its token: it wrote all it will write over
+            // kernel TCP, which is read to its end here (the client counts it as ended before
+            // its switch too).
+            upSock_->close();
+            upSock_.reset();
+            upgrade_.store(Upgrade::None, std::memory_order_release);
+            stayKernelLocked(Fallback::BeforeSwitch, "the client closed before its switch");
+            return;
+        }
+        if (sent != static_cast<ssize_t>(sizeof(msg))) {
             lateGiveUpLocked("the ack could not be sent"); // the client reads EOF: gives up
             return;
         }
@@ -547,7 +562,9 @@ void HybridSocket::lateAccount()
     const Upgrade u = upgrade_.load();
     if (!isLate(u))
         return;
-    if (u != Upgrade::LateSwitch) {
+    // A server whose client closed before sending its count never read a byte of it over the
+    // fabric: that connection ended before its switch as well, as the client counts it.
+    if (u != Upgrade::LateSwitch || (!lateTargetKnown_ && lateFabricEnd_)) {
         stayKernelLocked(Fallback::BeforeSwitch, "it ended before its switch to the fabric");
         return;
     }

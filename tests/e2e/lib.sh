@@ -221,6 +221,18 @@ show_stats() {
 	return 0
 }
 
+# fallback_reasons ROLE: ROLE's fallbacks by reason, those counted only ("kernel_peer=3
+# before_switch=2"), for a failure's last line (CI keeps only the end of a long output).
+fallback_reasons() {
+	local r v out=""
+	for r in refused timeout excluded ports negative_cache provider_error port_busy kernel_peer \
+		unsupported fork_child not_upgraded before_switch loading; do
+		v=$(stat_sum "$1" "$r")
+		[ "$v" -eq 0 ] || out="$out $r=$v"
+	done
+	echo "${out# }"
+}
+
 # expect_no_fallback ROLE: every connection of ROLE used the fabric or ended before its switch
 # (a connection too short to switch runs over kernel TCP by design).
 expect_no_fallback() {
@@ -229,7 +241,7 @@ expect_no_fallback() {
 	v=$(($(stat_sum "$1" fallback_connections) - $(stat_sum "$1" before_switch)))
 	[ "$v" -eq 0 ] || {
 		show_stats "$1"
-		fail "$1: $v fallback connections"
+		fail "$1: $v fallback connections ($(fallback_reasons "$1"))"
 	}
 }
 
@@ -258,7 +270,7 @@ expect_fabric() {
 	# process loaded libfabric) ran over kernel TCP by design: not counted as fallbacks here.
 	v=$(($(stat_sum "$role" fallback_connections) - $(stat_sum "$role" before_switch)))
 	[ "$fallback" = any ] || [ "$v" -eq "$fallback" ] ||
-		fail "$role: $v fallback connections, expected $fallback"
+		fail "$role: $v fallback connections, expected $fallback ($(fallback_reasons "$role"))"
 	grep -q '"provider": "tcp"' "$work/stats/$role".*.json || fail "$role: provider is not tcp"
 }
 
