@@ -314,3 +314,30 @@ RS_EXPORT int daemon(int nochdir, int noclose) noexcept
 {
     return shim().daemon(nochdir, noclose);
 }
+
+// ---- Signal handlers ----------------------------------------------------------------------------
+
+RS_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old) noexcept
+{
+    return shim().sigaction(sig, act, old);
+}
+
+RS_EXPORT sighandler_t signal(int sig, sighandler_t handler) noexcept
+{
+    return shim().signal(sig, handler);
+}
+
+RS_EXPORT sighandler_t sysv_signal(int sig, sighandler_t handler) noexcept
+{
+    return shim().sysv_signal(sig, handler);
+}
+
+RS_EXPORT sighandler_t sigset(int sig, sighandler_t disposition) noexcept
+{
+    return shim().sigset(sig, disposition);
+}
+
+RS_EXPORT int siginterrupt(int sig, int flag) noexcept
+{
+    return shim().siginterrupt(sig, flag);
+}

@@ -147,6 +147,7 @@ __attribute__((constructor)) void shimInit()
     // verbs memory registrations stay valid across the program's forks.
     setenv("RDMAV_FORK_SAFE", "1", 0);
     shim().real.resolveAll();
+    activateSignalTracking(); // before the program sets a handler (RSTREAM_SIGNAL_TRACK)
     initFdLimit();
     const char *stats = config::getString("RSTREAM_STATS");
     if (stats && strlen(stats) < sizeof(gStatsPath)) {

@@ -102,12 +102,20 @@ void *resolveReal(std::atomic<void *> &slot, const char *name, const char *fallb
     X(pipe2, nullptr)                                                                              \
     X(fork, nullptr)                                                                               \
     X(daemon, nullptr)                                                                             \
+    X(sigaction, nullptr)                                                                          \
+    X(signal, nullptr)                                                                             \
+    X(sysv_signal, nullptr)                                                                        \
+    X(sigset, nullptr)                                                                             \
+    X(siginterrupt, nullptr)                                                                       \
     X(__read_chk, nullptr)                                                                         \
     X(__recv_chk, nullptr)                                                                         \
     X(__recvfrom_chk, nullptr)                                                                     \
     X(__poll_chk, nullptr)                                                                         \
     X(__ppoll_chk, nullptr)
 
+// sigset() and siginterrupt() are deprecated, and still the program's to call.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 // The real functions, one slot each (the table the Shim object owns). The lookups are lazy and
 // lock-free: calls arrive before our constructor runs (from other libraries' constructors), and
 // two threads racing to resolve store the same pointer. Constant-initialized: all null.
@@ -135,6 +143,7 @@ private:
     RS_REAL_LIST(RS_REAL_SLOT)
 #undef RS_REAL_SLOT
 };
+#pragma GCC diagnostic pop
 
 // ---- Sockets --------------------------------------------------------------------------------
 
@@ -185,6 +194,8 @@ inline bool internalCall(const void *ra)
 // Moves an fd an internal caller created above the range the application uses (see
 // internal.cpp for how RLIMIT_NOFILE is handled); returns the fd to use (highfd.cpp).
 int moveHigh(int fd);
+// Puts sigtrack's trampoline in front of the program's handlers (signals.cpp), at load.
+void activateSignalTracking();
 void setHighFdBase(int base);
 void initFdLimit();
 

@@ -105,6 +105,13 @@ public:
     pid_t vfork();
     int daemon(int nochdir, int noclose);
 
+    // ---- Signal handlers (signals.cpp): through sigtrack's trampoline (RSTREAM_SIGNAL_TRACK) ----
+    int sigaction(int sig, const struct sigaction *act, struct sigaction *old);
+    sighandler_t signal(int sig, sighandler_t handler);
+    sighandler_t sysv_signal(int sig, sighandler_t handler);
+    sighandler_t sigset(int sig, sighandler_t disposition);
+    int siginterrupt(int sig, int flag);
+
     // ---- The tables (common.cpp) ----
 
     // The pollable behind fd (the poller's SocketResolver, through resolvePollable).

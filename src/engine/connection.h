@@ -410,10 +410,10 @@ private:
     WaitStep spinStepLocked(std::unique_lock<std::mutex> &lock, int64_t deadlineNs, int64_t capNs,
                             int64_t *missNs, int64_t *spinEnd, int64_t *now);
     // Sleeps (mutex_ released) on fds[0..n-1] and this thread's wake-up eventfd, which it puts
-    // in fds[n], registered as a sleeper, until untilNs (0: no bound), with mask (ppoll's; null:
-    // the thread's). 0, or -EINTR, -ENOMEM.
+    // in fds[n], registered as a sleeper, until untilNs (0: no bound), signals as held says
+    // (signals_held.h: its mask, or its handlers' count). 0, or -EINTR, -ENOMEM.
     int sleepLocked(std::unique_lock<std::mutex> &lock, pollfd *fds, int n, int64_t untilNs,
-                    int64_t nowNs, const sigset_t *mask);
+                    int64_t nowNs, class SignalsHeld &held);
     int64_t keepaliveLocked(int64_t now);
     int64_t userTimeoutLocked(int64_t now); // the next look (0: none)
     int checkCmDataSize(size_t *max);       // *max: the CM data the provider carries

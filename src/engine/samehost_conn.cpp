@@ -191,7 +191,7 @@ int Connection::shWaitFor(int events, int64_t deadlineNs)
         if (fabric && (!until || connectDeadlineNs_ < until))
             until = connectDeadlineNs_;
         pollfd pfd[3] = {{sh_->fd(), POLLIN, 0}, {waitFd_, POLLIN, 0}, {}};
-        if ((r = sleepLocked(lock, pfd, fabric ? 2 : 1, until, now, held.sleepMask(nullptr))) < 0)
+        if ((r = sleepLocked(lock, pfd, fabric ? 2 : 1, until, now, held)) < 0)
             return r;
     }
 }

@@ -120,7 +120,7 @@ int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
         if (state_ == State::Connecting && (!until || connectDeadlineNs_ < until))
             until = connectDeadlineNs_;
         pollfd pfd[2] = {{waitFd_, POLLIN, 0}, {}};
-        if (const int r = sleepLocked(lock, pfd, 1, until, now, held.sleepMask(nullptr)); r < 0)
+        if (const int r = sleepLocked(lock, pfd, 1, until, now, held); r < 0)
             return r;
     }
 }
@@ -156,7 +156,7 @@ Connection::WaitStep Connection::spinStepLocked(std::unique_lock<std::mutex> &lo
 }
 
 int Connection::sleepLocked(std::unique_lock<std::mutex> &lock, pollfd *fds, int n, int64_t untilNs,
-                            int64_t nowNs, const sigset_t *mask)
+                            int64_t nowNs, SignalsHeld &held)
 {
     const int wakeFd = tWakeFd.fd();
     if (wakeFd < 0)
@@ -191,7 +191,13 @@ int Connection::sleepLocked(std::unique_lock<std::mutex> &lock, pollfd *fds, int
             }
         } unregister{lock, sleepers_, appSleeping_, wakeFd};
         // The result carries its own errno, which ~Unregister's locking may change.
-        r = sys::ppoll(fds, static_cast<nfds_t>(n + 1), untilNs ? &timeout : nullptr, mask);
+        r = held.beginSleep(wakeFd);
+        if (r == 0) {
+            r = sys::ppoll(fds, static_cast<nfds_t>(n + 1), untilNs ? &timeout : nullptr,
+                           held.sleepMask(nullptr));
+            if (held.endSleep())
+                r = -EINTR;
+        }
     }
     if (fds[n].revents & POLLIN)
         tWakeFd.drain();

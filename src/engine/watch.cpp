@@ -37,11 +37,11 @@ void ReadyMarks::mark(uint64_t key)
 void ReadyMarks::take(std::vector<uint64_t> *out)
 {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (signaled_) {
-        uint64_t v;
-        (void)sys::read(fd_, &v, sizeof(v));
-        signaled_ = false;
-    }
+    // Read whenever it woke the poller (the only time this is called): a signal handler may
+    // have written it too (sigtrack.h), which mark() does not know of.
+    uint64_t v;
+    (void)sys::read(fd_, &v, sizeof(v));
+    signaled_ = false;
     out->insert(out->end(), keys_.begin(), keys_.end());
     keys_.clear();
 }

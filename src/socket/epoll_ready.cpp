@@ -4,6 +4,7 @@
 
 #include "poller.h"
 #include "poller_internal.h"
+#include "signals_held.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -344,18 +345,32 @@ void EpollSet::takeWakesLocked(bool *kernelReady)
     }
 }
 
-int EpollSet::sleepOnHint(int hintEp, int64_t deadlineNs, const sigset_t *mask)
+int EpollSet::sleepOnHint(int hintEp, int64_t deadlineNs, SignalsHeld &held, const sigset_t *mask)
 {
+    // A handler run on this thread wakes the sleep through the marks eventfd, which the hint
+    // epoll holds (a wake-up with no mark: the look after it finds none).
+    // Held for the sleep: its fd stays this one's until the handler can no longer write it.
+    std::shared_ptr<ReadyMarks> marks;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        marks = marks_;
+    }
+    if (int e = held.beginSleep(marks ? marks->fd() : -1); e < 0)
+        return e;
     epoll_event buf[kWakeBatch];
-    const int r = sys::epollPwait(hintEp, buf, kWakeBatch, remainingMs(deadlineNs), mask);
+    const int r =
+        sys::epollPwait(hintEp, buf, kWakeBatch, remainingMs(deadlineNs), held.sleepMask(mask));
+    const bool interrupted = held.endSleep();
     if (r < 0)
         return r;
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (hintEp_ == hintEp) {
-        slept_.assign(buf, buf + r);
-        sleptAll_ = r < kWakeBatch;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (hintEp_ == hintEp) {
+            slept_.assign(buf, buf + r); // taken by the next look even when this one ends EINTR
+            sleptAll_ = r < kWakeBatch;
+        }
     }
-    return 0;
+    return interrupted ? -EINTR : 0;
 }
 
 void EpollSet::applyWakesLocked(const epoll_event *buf, int k, bool *kernelReady)

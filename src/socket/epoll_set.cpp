@@ -479,9 +479,8 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         // epoll_wait after it were four system calls more, for each request of an idle server).
         if (!parkAll())
             continue;
-        const sigset_t *sleepMask = held.sleepMask(mask);
         if (socks.empty() && nested && hintEp >= 0) {
-            if (int r = sleepOnHint(hintEp, deadline, sleepMask); r < 0)
+            if (int r = sleepOnHint(hintEp, deadline, held, mask); r < 0)
                 return r;
             continue;
         }
@@ -517,7 +516,12 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         sleepFds.push_back({wakeFd, POLLIN, 0});
         if (hintEp >= 0)
             sleepFds.push_back({hintEp, POLLIN, 0});
-        const int r = armAndSleep(socks, interest, &sleepFds, deadline, sleepMask, waiters);
+        if (int e = held.beginSleep(wakeFd); e < 0)
+            return e;
+        const int r =
+            armAndSleep(socks, interest, &sleepFds, deadline, held.sleepMask(mask), waiters);
+        if (held.endSleep())
+            return -EINTR;
         if (r < 0)
             return r;
         if (r == 1 && nested && hintEp >= 0 && !sleepFds[0].revents && !sleepFds[2].revents) {

@@ -263,8 +263,13 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
         }
         sleepFds.assign(kfds.begin(), kfds.end());
         sleepFds.push_back({wakeFd, POLLIN, 0});
+        if (int r = held.beginSleep(wakeFd); r < 0)
+            return r;
         const sigset_t *sleepMask = held.sleepMask(mask);
-        if (int r = armAndSleep(socks, interest, &sleepFds, deadline, sleepMask, waiters); r < 0)
+        const int r = armAndSleep(socks, interest, &sleepFds, deadline, sleepMask, waiters);
+        if (held.endSleep())
+            return -EINTR;
+        if (r < 0)
             return r;
     }
 }

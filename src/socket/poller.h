@@ -18,6 +18,8 @@
 
 namespace rstream {
 
+class SignalsHeld; // signals_held.h
+
 namespace detail {
 // One pass of readiness hints (see Connection::hintFd): the armed wait fds of the connections
 // about to be looked at are checked in the same ppoll as the kernel fds, and the looks of the
@@ -166,7 +168,7 @@ private:
     // wait()'s sleep when nothing but the hint epoll can wake it (every member parked, the
     // kernel's epoll nested, no wake-up registered): one epoll_pwait, whose events the next
     // look takes (slept_). 0, or -errno (-EINTR).
-    int sleepOnHint(int hintEp, int64_t deadlineNs, const sigset_t *mask);
+    int sleepOnHint(int hintEp, int64_t deadlineNs, SignalsHeld &held, const sigset_t *mask);
     // Before sleeping: every active entry is parked, or listed in socks (with interest) to sleep
     // on as poll does. -EAGAIN: something changed, look again.
     int parkAllLocked(std::vector<std::shared_ptr<Pollable>> *socks, std::vector<short> *interest);

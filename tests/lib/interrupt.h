@@ -1,43 +1,71 @@
 // SPDX-License-Identifier: MIT
-// A blocking call interrupted by a signal: run on a thread of its own, sent SIGUSR1 30 ms in.
+// A blocking call interrupted by a signal: run on a thread of its own, sent SIGUSR1 30 ms in,
+// its handler set with libc's sigaction or through sigtrack's trampoline (the shim's way).
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <pthread.h>
 #include <signal.h>
 #include <thread>
+#include <unistd.h>
+
+#include "sigtrack.h"
 
 namespace rstest {
 
 struct Interrupted
 {
-    long result = 0;  // what the call returned
-    int64_t ms = 0;   // how long it took
-    int handlers = 0; // how many times the signal's handler ran
+    long result = 0;          // what the call returned
+    int64_t ms = 0;           // how long it took
+    int handlers = 0;         // how many times the signal's handler ran
+    uint64_t blocked = ~0ull; // the thread's blocked signals (SigBlk) just before the signal
 };
+
+// A thread's blocked signals, from /proc (~0: unknown).
+inline uint64_t blockedSignals(pid_t tid)
+{
+    char path[64];
+    std::snprintf(path, sizeof(path), "/proc/self/task/%d/status", int(tid));
+    FILE *f = std::fopen(path, "r");
+    if (!f)
+        return ~0ull;
+    char line[256];
+    unsigned long long v = ~0ull;
+    while (std::fgets(line, sizeof(line), f))
+        if (std::sscanf(line, "SigBlk: %llx", &v) == 1)
+            break;
+    std::fclose(f);
+    return v;
+}
 
 inline std::atomic<int> gInterruptHandlers{0};
 
 // Runs call() on a new thread (so that a spin it learns per thread starts from nothing) and
 // sends that thread SIGUSR1 once it has run 30 ms, under a handler without SA_RESTART (the
 // kernel's calls return EINTR under it); the handler in place before is put back.
+// tracked: through sigtrack, active for the call (as under the shim), and ended after it.
 template <typename Call>
-Interrupted interruptAfter30ms(Call call)
+Interrupted interruptAfter30ms(Call call, bool tracked = false)
 {
     struct sigaction sa = {};
     struct sigaction old = {};
     sa.sa_handler = [](int) { gInterruptHandlers++; };
     sigemptyset(&sa.sa_mask);
     Interrupted out;
-    if (sigaction(SIGUSR1, &sa, &old) != 0) {
+    if (tracked)
+        rstream::sigtrack::activate(::sigaction);
+    if (rstream::sigtrack::setAction(SIGUSR1, &sa, &old) != 0) {
         out.result = -1000;
         return out;
     }
     gInterruptHandlers = 0;
     std::atomic<bool> started{false};
+    std::atomic<pid_t> tid{0};
     std::thread waiter([&] {
+        tid = gettid();
         started = true;
         const auto t0 = std::chrono::steady_clock::now();
         out.result = static_cast<long>(call());
@@ -48,9 +76,12 @@ Interrupted interruptAfter30ms(Call call)
     while (!started)
         std::this_thread::yield();
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    out.blocked = blockedSignals(tid.load());
     pthread_kill(waiter.native_handle(), SIGUSR1);
     waiter.join();
-    sigaction(SIGUSR1, &old, nullptr);
+    rstream::sigtrack::setAction(SIGUSR1, &old, nullptr);
+    if (tracked)
+        rstream::sigtrack::deactivate();
     out.handlers = gInterruptHandlers.load();
     return out;
 }
