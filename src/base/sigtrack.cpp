@@ -38,9 +38,11 @@ void *handlerOf(const struct sigaction &sa)
                                       : reinterpret_cast<void *>(sa.sa_handler);
 }
 
+// SIG_DFL and SIG_IGN are the same values in sa_sigaction (the kernel reads one field).
 bool isHandler(const struct sigaction &sa)
 {
-    return (sa.sa_flags & SA_SIGINFO) || (sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN);
+    void *h = handlerOf(sa);
+    return h != reinterpret_cast<void *>(SIG_DFL) && h != reinterpret_cast<void *>(SIG_IGN);
 }
 
 SigactionFn real()
@@ -71,13 +73,15 @@ void trampoline(int sig, siginfo_t *info, void *uc)
         e.handler.store(reinterpret_cast<void *>(SIG_DFL), std::memory_order_release);
         e.flags.store(0, std::memory_order_release);
     }
-    if (flags & SA_SIGINFO) {
-        reinterpret_cast<void (*)(int, siginfo_t *, void *)>(h)(sig, info, uc);
-    } else if (h == reinterpret_cast<void *>(SIG_DFL)) {
+    if (h == reinterpret_cast<void *>(SIG_DFL)) {
         // Set to the default while this one was on its way: the default action, as the kernel
         // would have taken it (pending until this returns, unless SA_NODEFER).
         raise(sig);
-    } else if (h != reinterpret_cast<void *>(SIG_IGN)) {
+    } else if (h == reinterpret_cast<void *>(SIG_IGN)) {
+        return;
+    } else if (flags & SA_SIGINFO) {
+        reinterpret_cast<void (*)(int, siginfo_t *, void *)>(h)(sig, info, uc);
+    } else {
         reinterpret_cast<void (*)(int)>(h)(sig);
     }
 }

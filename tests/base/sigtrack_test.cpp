@@ -147,6 +147,21 @@ TEST_F(SigTrack, ResetHandAndIgnoredSignalsAreAsTheKernelKeepsThem)
     EXPECT_EQ(gPlain.load(), 1);
 }
 
+TEST_F(SigTrack, SiginfoWithTheDefaultIsTheDefault)
+{
+    // SA_SIGINFO with a null sa_sigaction is SIG_DFL to the kernel: no trampoline in front.
+    sigtrack::activate(::sigaction);
+    struct sigaction sa = {};
+    sa.sa_sigaction = nullptr;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    ASSERT_EQ(sigtrack::setAction(SIGUSR2, &sa, nullptr), 0);
+    EXPECT_EQ(kernelHandler(SIGUSR2), nullptr);
+    struct sigaction seen = {};
+    ASSERT_EQ(sigtrack::setAction(SIGUSR2, nullptr, &seen), 0);
+    EXPECT_EQ(seen.sa_sigaction, nullptr);
+}
+
 TEST_F(SigTrack, AHandlerSetBehindItsBackIsTakenOverAtResync)
 {
     // glibc's signal() reaches the kernel without the interposed sigaction.
