@@ -14,6 +14,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "address.h"
 #include "clock.h"
 #include "kernel.h"
 #include "log.h"
@@ -133,7 +134,21 @@ int Listener::listen(int backlog)
     backlog_ = static_cast<size_t>(std::clamp(backlog, 0, 4096)) + 1;
     if (listening_)
         return 0;
+    const bool requestedPortZero = addressPort(reinterpret_cast<const sockaddr *>(&addr_)) == 0;
     int ret = fi_listen(pep_);
+    // Bound to port 0, the kernel may hand the endpoint a port that a connection uses as its
+    // local one (SO_REUSEADDR lets the bind through, not the listen): the rsocket tests met
+    // EADDRINUSE so under load. Another port then, as the kernel's own listen to port 0 would
+    // have chosen one that can listen.
+    for (int i = 0; ret && fiErr(ret) == -EIO && requestedPortZero && i < 4; i++) {
+        RS_LOG(Debug, "listener: the port chosen could not listen: another");
+        pep_.reset();
+        ret = fi_passive_ep(domain_->fabric(), info_, pep_.out(), this);
+        if (ret == 0)
+            ret = fi_pep_bind(pep_, &eq_->fid, 0);
+        if (ret == 0)
+            ret = fi_listen(pep_);
+    }
     if (ret) {
         ret = fiErr(ret);
         return ret == -EIO ? -EADDRINUSE : ret;
