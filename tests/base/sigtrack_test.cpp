@@ -34,6 +34,24 @@ void infoHandler(int, siginfo_t *info, void *uc)
     gInfoContext = uc != nullptr;
 }
 
+// A disposition with an empty mask.
+struct sigaction action(void (*handler)(int), int flags = 0)
+{
+    struct sigaction sa = {};
+    sa.sa_handler = handler;
+    sa.sa_flags = flags;
+    sigemptyset(&sa.sa_mask);
+    return sa;
+}
+struct sigaction infoAction(void (*handler)(int, siginfo_t *, void *))
+{
+    struct sigaction sa = {};
+    sa.sa_sigaction = handler;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    return sa;
+}
+
 void *kernelHandler(int sig)
 {
     struct sigaction k;
@@ -71,10 +89,7 @@ TEST_F(SigTrack, TracksOnlySignalsACallCanSleepThrough)
 
 TEST_F(SigTrack, AHandlerSetBeforeIsTakenOverAndStillAnswered)
 {
-    struct sigaction sa = {};
-    sa.sa_handler = plainHandler;
-    sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);
+    struct sigaction sa = action(plainHandler, SA_RESTART);
     sigaddset(&sa.sa_mask, SIGUSR2);
     ASSERT_EQ(::sigaction(SIGUSR1, &sa, nullptr), 0);
     sigtrack::activate(::sigaction);
@@ -97,10 +112,7 @@ TEST_F(SigTrack, AHandlerSetBeforeIsTakenOverAndStillAnswered)
 TEST_F(SigTrack, SetActionAnswersThePreviousHandlerAndPassesSiginfo)
 {
     sigtrack::activate(::sigaction);
-    struct sigaction sa = {};
-    sa.sa_sigaction = infoHandler;
-    sa.sa_flags = SA_SIGINFO;
-    sigemptyset(&sa.sa_mask);
+    struct sigaction sa = infoAction(infoHandler);
     struct sigaction old = {};
     ASSERT_EQ(sigtrack::setAction(SIGUSR2, &sa, &old), 0);
     EXPECT_EQ(old.sa_handler, SIG_DFL);
@@ -111,9 +123,7 @@ TEST_F(SigTrack, SetActionAnswersThePreviousHandlerAndPassesSiginfo)
     EXPECT_EQ(gInfoValue.load(), 4242);
     EXPECT_TRUE(gInfoContext.load());
     // The same struct as act and old: the previous one comes back, the new one is set.
-    struct sigaction both = {};
-    both.sa_handler = plainHandler;
-    sigemptyset(&both.sa_mask);
+    struct sigaction both = action(plainHandler);
     ASSERT_EQ(sigtrack::setAction(SIGUSR2, &both, &both), 0);
     EXPECT_EQ(both.sa_sigaction, infoHandler);
     EXPECT_TRUE(both.sa_flags & SA_SIGINFO);
@@ -125,10 +135,7 @@ TEST_F(SigTrack, SetActionAnswersThePreviousHandlerAndPassesSiginfo)
 TEST_F(SigTrack, ResetHandAndIgnoredSignalsAreAsTheKernelKeepsThem)
 {
     sigtrack::activate(::sigaction);
-    struct sigaction sa = {};
-    sa.sa_handler = plainHandler;
-    sa.sa_flags = SA_RESETHAND;
-    sigemptyset(&sa.sa_mask);
+    struct sigaction sa = action(plainHandler, SA_RESETHAND);
     ASSERT_EQ(sigtrack::setAction(SIGUSR1, &sa, nullptr), 0);
     raise(SIGUSR1);
     EXPECT_EQ(gPlain.load(), 1);
@@ -137,9 +144,7 @@ TEST_F(SigTrack, ResetHandAndIgnoredSignalsAreAsTheKernelKeepsThem)
     EXPECT_EQ(seen.sa_handler, SIG_DFL) << "SA_RESETHAND: the default after one delivery";
     EXPECT_EQ(kernelHandler(SIGUSR1), reinterpret_cast<void *>(SIG_DFL));
     // Ignored: nothing runs, nothing counts.
-    struct sigaction ign = {};
-    ign.sa_handler = SIG_IGN;
-    sigemptyset(&ign.sa_mask);
+    struct sigaction ign = action(SIG_IGN);
     ASSERT_EQ(sigtrack::setAction(SIGUSR1, &ign, nullptr), 0);
     const uint64_t before = ran();
     raise(SIGUSR1);
@@ -151,10 +156,7 @@ TEST_F(SigTrack, SiginfoWithTheDefaultIsTheDefault)
 {
     // SA_SIGINFO with a null sa_sigaction is SIG_DFL to the kernel: no trampoline in front.
     sigtrack::activate(::sigaction);
-    struct sigaction sa = {};
-    sa.sa_sigaction = nullptr;
-    sa.sa_flags = SA_SIGINFO;
-    sigemptyset(&sa.sa_mask);
+    struct sigaction sa = infoAction(nullptr);
     ASSERT_EQ(sigtrack::setAction(SIGUSR2, &sa, nullptr), 0);
     EXPECT_EQ(kernelHandler(SIGUSR2), nullptr);
     struct sigaction seen = {};
@@ -190,9 +192,7 @@ TEST_F(SigTrack, AHandlerSetBehindItsBackIsTakenOverAtResync)
 TEST_F(SigTrack, AHandlerWakesTheSleepItsThreadIsAboutToMake)
 {
     sigtrack::activate(::sigaction);
-    struct sigaction sa = {};
-    sa.sa_handler = plainHandler;
-    sigemptyset(&sa.sa_mask);
+    struct sigaction sa = action(plainHandler);
     ASSERT_EQ(sigtrack::setAction(SIGUSR1, &sa, nullptr), 0);
     const int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     ASSERT_GE(efd, 0);

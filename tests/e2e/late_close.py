@@ -36,11 +36,7 @@ def read_to_end(s):
 
 
 if role == "server":
-    ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.bind(("127.0.0.1", port))
-    ls.listen(8)
-    c, _ = ls.accept()
+    c, _ = socket.create_server(("127.0.0.1", port)).accept()
     c.sendall(c.recv(64))  # the ACCEPT goes with this
     wait_file("token-sent", "the client's token never went")
     # No call on the connection meanwhile: the progress thread takes in whatever the client's

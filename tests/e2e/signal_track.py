@@ -13,11 +13,7 @@ import time
 role, port = sys.argv[1], int(sys.argv[2])
 
 if role == "server":
-    ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.bind(("127.0.0.1", port))
-    ls.listen(8)
-    c, _ = ls.accept()
+    c, _ = socket.create_server(("127.0.0.1", port)).accept()
     while True:
         b = c.recv(1)
         if not b:

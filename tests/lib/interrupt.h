@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -11,6 +12,8 @@
 #include <signal.h>
 #include <thread>
 #include <unistd.h>
+
+#include <gtest/gtest.h>
 
 #include "sigtrack.h"
 
@@ -84,6 +87,20 @@ Interrupted interruptAfter30ms(Call call, bool tracked = false)
         rstream::sigtrack::deactivate();
     out.handlers = gInterruptHandlers.load();
     return out;
+}
+
+// What every such test expects: the handler ran once, the call returned EINTR at once rather
+// than at its timeout (3 s in the tests), and a spin held signals off unless tracked (its mask
+// sampled during the spin: nothing blocked then).
+inline void expectInterruptedSpin(const Interrupted &i, bool tracked)
+{
+    EXPECT_EQ(i.handlers, 1);
+    EXPECT_EQ(i.result, -EINTR) << "after " << i.ms << " ms";
+    EXPECT_LT(i.ms, 2000) << "the call slept on after the signal";
+    if (tracked)
+        EXPECT_EQ(i.blocked, 0u) << "signals held during the spin";
+    else
+        EXPECT_NE(i.blocked, 0u);
 }
 
 } // namespace rstest
