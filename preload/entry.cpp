@@ -327,7 +327,25 @@ RS_EXPORT sighandler_t signal(int sig, sighandler_t handler) noexcept
     return shim().signal(sig, handler);
 }
 
+// glibc's other names for the same two functions: bsd_signal and ssignal are signal;
+// __sysv_signal is what signal() names under strict X/Open (-D_XOPEN_SOURCE).
+RS_EXPORT sighandler_t bsd_signal(int sig, sighandler_t handler) noexcept; // X/Open only
+RS_EXPORT sighandler_t bsd_signal(int sig, sighandler_t handler) noexcept
+{
+    return shim().signal(sig, handler);
+}
+
+RS_EXPORT sighandler_t ssignal(int sig, sighandler_t handler) noexcept
+{
+    return shim().signal(sig, handler);
+}
+
 RS_EXPORT sighandler_t sysv_signal(int sig, sighandler_t handler) noexcept
+{
+    return shim().sysv_signal(sig, handler);
+}
+
+RS_EXPORT sighandler_t __sysv_signal(int sig, sighandler_t handler) noexcept
 {
     return shim().sysv_signal(sig, handler);
 }
