@@ -90,12 +90,13 @@ unmet=$(cd "$root" && dpkg-checkbuilddeps 2>&1) || skip "$unmet"
 multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 libdir=/usr/lib/$multiarch
 
-# The packaging, not the debug symbols, is under test: no -dbgsym packages and no -g (it does
-# not change the code, dh_strip would remove it anyway, and it costs a fifth of the compile).
+# The packaging, not the compiler's output, is under test: no -dbgsym packages, no -g (dh_strip
+# would remove it anyway, and it costs a fifth of the compile) and no optimization (noopt:
+# dpkg-buildflags' -O0, half the compile of -O2; the build's tests run the optimized code).
 # meson test's MALLOC_PERTURB_ would slow the compiler down. No timeout of our own: it would
 # move the build out of the process group that meson stops on its timeout.
 log "building the packages"
-env -u MALLOC_PERTURB_ DEB_BUILD_OPTIONS="nocheck parallel=$(nproc) noautodbgsym" \
+env -u MALLOC_PERTURB_ DEB_BUILD_OPTIONS="nocheck noopt parallel=$(nproc) noautodbgsym" \
 	DEB_CXXFLAGS_STRIP=-g "$root/scripts/package" "$work/out" >"$work/package.log" 2>&1 ||
 	fail "scripts/package failed"
 mapfile -t debs < <(printf '%s\n' "$work"/out/*.deb)
