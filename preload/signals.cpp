@@ -32,12 +32,21 @@ sighandler_t throughGlibc(int sig, Call call)
                : before.sa_handler;
 }
 
+// What the trampoline keeps of each thread: static TLS, which a handler may touch first (the
+// shim is loaded at the program's start, so it has room there).
+constinit thread_local sigtrack::ThreadState tSigState __attribute__((tls_model("initial-exec")));
+
+sigtrack::ThreadState &sigState()
+{
+    return tSigState;
+}
+
 } // namespace
 
 void activateSignalTracking()
 {
     if (config::getFlag("RSTREAM_SIGNAL_TRACK") && config::getFlag("RSTREAM_ENABLE"))
-        sigtrack::activate(shim().real.sigaction());
+        sigtrack::activate(shim().real.sigaction(), sigState);
 }
 
 int Shim::sigaction(int sig, const struct sigaction *act, struct sigaction *old)

@@ -29,8 +29,15 @@ Entry gEntries[NSIG];
 std::atomic<bool> gActive{false};
 std::atomic<SigactionFn> gReal{nullptr};
 
-// Static TLS: a handler reads it, and must not be the first to touch a lazily allocated block.
-__attribute__((tls_model("initial-exec"))) thread_local ThreadState tState;
+std::atomic<ThreadStateFn> gState{nullptr};
+
+// activate()'s default: in an executable that links this library statically, the linker
+// makes it static TLS.
+thread_local ThreadState tState;
+ThreadState &ownState()
+{
+    return tState;
+}
 
 void *handlerOf(const struct sigaction &sa)
 {
@@ -57,7 +64,7 @@ void trampoline(int sig, siginfo_t *info, void *uc)
     // in progress here returns EINTR, as the kernel's would (handler then return, or the
     // reverse: either way the count has moved by the time the call looks).
     const int saved = errno;
-    ThreadState &t = tState;
+    ThreadState &t = gState.load(std::memory_order_relaxed)();
     t.ran.fetch_add(1, std::memory_order_relaxed);
     std::atomic_signal_fence(std::memory_order_seq_cst);
     if (const int fd = t.wakeFd.load(std::memory_order_relaxed); fd >= 0) {
@@ -165,10 +172,11 @@ bool tracked(int sig)
     }
 }
 
-void activate(SigactionFn realFn)
+void activate(SigactionFn realFn, ThreadStateFn state)
 {
     if (active())
         return;
+    gState.store(state ? state : ownState, std::memory_order_release);
     gReal.store(realFn, std::memory_order_release);
     // Handlers set before the shim loaded (other libraries' constructors) go through it too.
     for (int sig = 1; sig < NSIG; sig++) {
@@ -234,7 +242,7 @@ void resync(int sig)
 
 ThreadState &thread()
 {
-    return tState;
+    return gState.load(std::memory_order_relaxed)();
 }
 
 } // namespace rstream::sigtrack

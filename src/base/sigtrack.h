@@ -14,9 +14,17 @@ using SigactionFn = int (*)(int, const struct sigaction *, struct sigaction *);
 // Whether the program's handlers run through the trampoline (the shim, RSTREAM_SIGNAL_TRACK).
 bool active();
 
+struct ThreadState;
+using ThreadStateFn = ThreadState &(*)();
+
 // Puts the trampoline in front of every handler in place, with real (libc's sigaction) to reach
 // the kernel from now on; the handlers the program sets later go through setAction. Once.
-void activate(SigactionFn real);
+// state gives the calling thread's ThreadState, which the trampoline reads in a handler: it
+// must be in static TLS (initial-exec, the shim's), as a handler must not be the first to touch
+// a lazily allocated TLS block. It is the caller's, not this library's: initial-exec TLS here
+// would mark librstream.so STATIC_TLS, and a program could no longer dlopen it (Python's ctypes
+// found no room). Null: TLS of this library's own, for executables that link it statically.
+void activate(SigactionFn real, ThreadStateFn state = nullptr);
 // Tests only: the program's handlers go back in place, tracking ends.
 void deactivate();
 
@@ -40,6 +48,7 @@ struct ThreadState
     std::atomic<uint64_t> ran{0};
     std::atomic<int> wakeFd{-1};
 };
+// This thread's, while tracking is active.
 ThreadState &thread();
 
 } // namespace rstream::sigtrack

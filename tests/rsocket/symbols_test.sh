@@ -29,6 +29,14 @@ if readelf -d "$lib" | grep -q 'NEEDED.*libfabric'; then
 	exit 1
 fi
 echo "librstream.so does not depend on libfabric"
+# Initial-exec TLS marks a library STATIC_TLS: dlopen then needs its whole TLS block (16 KiB
+# here) in the little static TLS left after the program started, and failed in Python's ctypes
+# ("cannot allocate memory in static TLS block").
+if readelf -d "$lib" | grep -q 'FLAGS.*STATIC_TLS'; then
+	echo "librstream.so uses static TLS: a program could not dlopen it"
+	exit 1
+fi
+echo "librstream.so uses no static TLS (a program can dlopen it)"
 # The shim's own code (preload/: the kernel/fabric socket, its configuration and statistics)
 # lives in the shim alone: no strong symbol of its archive may be defined in librstream.so.
 if [ $# -ge 2 ]; then
