@@ -68,7 +68,9 @@ void HybridSocket::serveUpgradeLocked()
     std::shared_ptr<UpgradeListener> ul;
     if (a.localLen) {
         noteEngineUsed();
-        ul = UpgradeListener::forAddress(a.localAddr(), a.localLen, &err);
+        const UpgradeLimits limits{static_cast<size_t>(config_.upgradePendingMax),
+                                   config_.tokenWaitMs};
+        ul = UpgradeListener::forAddress(a.localAddr(), a.localLen, limits, &err);
     }
     if (!ul) {
         sendUpgradeMessage(static_cast<int>(wire::UpgradeType::Decline));

@@ -63,6 +63,9 @@ ShimConfig ShimConfig::parse(const EnvLookup &env, int defaultPortOffset, int co
     c.upgradeTimeoutMs =
         envInt(env, "RSTREAM_UPGRADE_TIMEOUT_MS", envDefault("RSTREAM_UPGRADE_TIMEOUT_MS"));
     c.switchWaitMs = envInt(env, "RSTREAM_SWITCH_WAIT_MS", envDefault("RSTREAM_SWITCH_WAIT_MS"));
+    c.upgradePendingMax =
+        envInt(env, "RSTREAM_UPGRADE_PENDING_MAX", envDefault("RSTREAM_UPGRADE_PENDING_MAX"));
+    c.tokenWaitMs = envInt(env, "RSTREAM_TOKEN_WAIT_MS", envDefault("RSTREAM_TOKEN_WAIT_MS"));
     if (const char *ports = env("RSTREAM_PORTS")) {
         // "5201,6379,7000-7100"
         std::string s(ports);

@@ -20,7 +20,8 @@ namespace rstream::shim {
 using EnvLookup = std::function<const char *(const char *)>;
 
 // RSTREAM_ENABLE, RSTREAM_PORT_OFFSET, RSTREAM_CONNECT_TIMEOUT_MS, RSTREAM_PORTS,
-// RSTREAM_EXCLUDE, RSTREAM_NEGATIVE_CACHE_MS, RSTREAM_UPGRADE_TIMEOUT_MS, RSTREAM_SWITCH_WAIT_MS.
+// RSTREAM_EXCLUDE, RSTREAM_NEGATIVE_CACHE_MS, RSTREAM_UPGRADE_TIMEOUT_MS, RSTREAM_SWITCH_WAIT_MS,
+// RSTREAM_UPGRADE_PENDING_MAX, RSTREAM_TOKEN_WAIT_MS.
 struct ShimConfig
 {
     bool enabled = true;
@@ -30,6 +31,13 @@ struct ShimConfig
     int upgradeTimeoutMs = 2000; // a switch waits this long for the peer's count
     int switchWaitMs = 30000;    // a server's switch waits this long (+ the connect timeout) for
                                  // the client's fabric connection
+    // An upgrade listener's connections whose token is not read yet: at most this many (a peer
+    // that opens connections and sends nothing holds no more; the oldest goes), each for at
+    // most tokenWaitMs. A client sends its token at its first call after its connect completes,
+    // which a busy program (a thousand connections switching at once) reaches seconds later:
+    // at 2 s, most of such a burst stayed on kernel TCP.
+    int upgradePendingMax = 4096;
+    int tokenWaitMs = 10000;
     std::vector<std::pair<int, int>> ports; // port ranges to offload; empty: all
     struct Net
     {

@@ -22,14 +22,6 @@ namespace rstream::shim {
 
 namespace {
 
-// How long an accepted connection may take to send its token. The client sends it at its first
-// call after its connect completes, which a busy program (a thousand connections switching at
-// once) reaches seconds later: at 2 s, most of such a burst stayed on kernel TCP.
-constexpr int64_t kTokenWaitMs = 10000;
-// How many such connections wait at most: a peer that opens connections and sends nothing
-// holds no more than that.
-constexpr size_t kMaxUnread = 4096;
-
 std::mutex gListenersMutex;
 std::map<std::string, std::shared_ptr<UpgradeListener>> *gListeners =
     new std::map<std::string, std::shared_ptr<UpgradeListener>>();
@@ -55,7 +47,7 @@ socklen_t plainAddress(const sockaddr *in, socklen_t len, sockaddr_storage *out)
 } // namespace
 
 std::shared_ptr<UpgradeListener> UpgradeListener::forAddress(const sockaddr *local, socklen_t len,
-                                                             int *err)
+                                                             const UpgradeLimits &limits, int *err)
 {
     sockaddr_storage addr;
     len = plainAddress(local, len, &addr);
@@ -74,6 +66,7 @@ std::shared_ptr<UpgradeListener> UpgradeListener::forAddress(const sockaddr *loc
     if (it != gListeners->end())
         return it->second;
     auto l = std::make_shared<UpgradeListener>();
+    l->limits_ = limits;
     l->listen_ = std::make_shared<Socket>(sa->sa_family);
     l->listen_->setNonblocking(true);
     int r = l->listen_->bind(sa, len);
@@ -177,15 +170,15 @@ void UpgradeListener::pumpLocked()
             break;
         s->setNonblocking(true);
         RS_LOG(Debug, "upgrade: port %d: a fabric connection, its token not read yet", port_);
-        unread_.push_back({std::move(s), nowMs() + kTokenWaitMs});
+        unread_.push_back({std::move(s), nowMs() + limits_.tokenWaitMs});
         acceptGen_++;
-        if (unread_.size() > kMaxUnread) {
+        if (unread_.size() > limits_.pendingMax) {
             // More than any burst of real clients: the oldest goes (its client, if any, reads
             // the end and stays on kernel TCP).
             RS_LOG(Info,
                    "upgrade: port %d: over %zu connections without a token: the oldest "
                    "closed",
-                   port_, kMaxUnread);
+                   port_, limits_.pendingMax);
             unread_.front().sock->close();
             unread_.erase(unread_.begin());
         }

@@ -21,13 +21,21 @@
 
 namespace rstream::shim {
 
+// What a listener holds for peers that connect and send no token (RSTREAM_UPGRADE_PENDING_MAX,
+// RSTREAM_TOKEN_WAIT_MS).
+struct UpgradeLimits
+{
+    size_t pendingMax = 4096;    // connections whose token is not read yet; the oldest goes beyond
+    int64_t tokenWaitMs = 10000; // how long each may take to send its token
+};
+
 class UpgradeListener
 {
 public:
-    // The listener for local (its port ignored), created on first use; null when the fabric
-    // cannot be had (*err: why).
+    // The listener for local (its port ignored), created on first use with limits; null when
+    // the fabric cannot be had (*err: why).
     static std::shared_ptr<UpgradeListener> forAddress(const sockaddr *local, socklen_t len,
-                                                       int *err);
+                                                       const UpgradeLimits &limits, int *err);
     // In a fork child: the parent's listeners are not the child's (kept, never closed).
     static void forgetAfterFork();
 
@@ -59,6 +67,7 @@ private:
 
     std::shared_ptr<Socket> listen_;
     int port_ = 0;
+    UpgradeLimits limits_;
     std::mutex mutex_;
     std::set<uint64_t> expected_;
     std::map<uint64_t, std::shared_ptr<Socket>> arrived_;

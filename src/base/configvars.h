@@ -75,6 +75,11 @@ inline constexpr ConfigVar kConfigVars[] = {
     {"RSTREAM_SWITCH_WAIT_MS", Kind::Number, 100, 86400000, "30000",
      "shim: how long a server waits for its client's fabric connection, beyond the connect "
      "timeout"},
+    {"RSTREAM_UPGRADE_PENDING_MAX", Kind::Number, 1, 1048576, "4096",
+     "shim: fabric connections an upgrade listener keeps while their token is due (beyond: the "
+     "oldest is closed)"},
+    {"RSTREAM_TOKEN_WAIT_MS", Kind::Number, 10, 3600000, "10000",
+     "shim: how long a fabric connection to an upgrade listener may take to send its token"},
     {"RSTREAM_STATS", Kind::Text, 0, 0, "", "shim: statistics file written at exit (%p = pid)"},
     {"RSTREAM_EXPORT", Kind::Flag, 0, 1, "1", "shim: 0 keeps the process out of rstream-stat"},
     {"RSTREAM_NOFILE_ORIG", Kind::Number, 1, INT64_MAX, "",
