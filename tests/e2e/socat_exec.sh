@@ -49,16 +49,20 @@ done
 # fork and exec: an echo served by a child, or by the program the child execs.
 for mode in fork exec; do
 	start_server "h$mode" 1 shim "h$mode" 50 python3 "$handoff" "$mode" @PORT@
+	# The clients at once, each served by its own child: 1 MiB over 2.5 s, so that the
+	# connection switches to the fabric on the way (its process loads libfabric meanwhile).
+	t0=$(date +%s%N)
+	pids=()
 	for i in $(seq "$connections"); do
-		t0=$(date +%s%N)
-		# 1 MiB over 2.5 s, so that the connection switches to the fabric on the way (its
-		# process loads libfabric meanwhile).
-		out=$(shim "c$mode$i" 30 python3 "$(dirname "$0")/paced_echo.py" 127.0.0.1 "$port" 2.5 \
-			2>"$work/c$mode$i.log") || fail "$mode client $i failed"
-		ms=$((($(date +%s%N) - t0) / 1000000))
-		grep -qx "echo intact" <<<"$out" || fail "$mode client $i: the echo differs"
-		log "$mode client $i: 1 MiB echoed in $ms ms"
+		start "c$mode$i-out" shim "c$mode$i" 30 python3 "$(dirname "$0")/paced_echo.py" \
+			127.0.0.1 "$port" 2.5
+		pids+=("$last_pid")
 	done
+	for i in $(seq "$connections"); do
+		finish "${pids[$((i - 1))]}" || fail "$mode client $i failed: $(tail -n 3 "$work/c$mode$i-out.log")"
+		grep -qx "echo intact" "$work/c$mode$i-out.log" || fail "$mode client $i: the echo differs"
+	done
+	log "$mode: $connections clients, 1 MiB each echoed, in $((($(date +%s%N) - t0) / 1000000)) ms"
 	# The children write their statistics as they exit, just after their client saw the end
 	# (stopping the server first would stop them too).
 	for _ in $(seq 50); do

@@ -945,6 +945,15 @@ TEST_P(EngineTest, KeepaliveDetectsAPeerThatStopsAnswering)
     const std::string port = std::to_string(port_);
     setenv("RSTREAM_TEST_PEER_PORT", port.c_str(), 1);
     setenv("RSTREAM_TEST_PEER_MODE", GetParam().name, 1);
+    // The peer runs its one test whichever shard of this binary's tests this is (meson runs it
+    // in two): sharded as well, the other shard's peer ran nothing.
+    std::vector<std::pair<const char *, std::string>> sharding;
+    for (const char *name : {"GTEST_TOTAL_SHARDS", "GTEST_SHARD_INDEX"}) {
+        if (const char *v = getenv(name)) {
+            sharding.emplace_back(name, v);
+            unsetenv(name);
+        }
+    }
     pid_t pid = fork();
     if (pid == 0) {
         // A fresh process image: the peer must have a progress thread of its own.
@@ -956,6 +965,8 @@ TEST_P(EngineTest, KeepaliveDetectsAPeerThatStopsAnswering)
     }
     unsetenv("RSTREAM_TEST_PEER_PORT");
     unsetenv("RSTREAM_TEST_PEER_MODE");
+    for (const auto &[name, v] : sharding)
+        setenv(name, v.c_str(), 1);
     ASSERT_GE(pid, 0);
     std::unique_ptr<Connection> s;
     ASSERT_EQ(l->accept(&s, false, 10000), 0);
