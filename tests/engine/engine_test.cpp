@@ -313,7 +313,13 @@ TEST_P(EngineTest, PingPong)
 
 TEST_P(EngineTest, ManyConcurrentConnectionsWithThreads)
 {
+#ifdef __SANITIZE_THREAD__
+    // 768 threads took TSan 25 s per mode, the longest test of the suite; 64 connections still
+    // race their sends, receives and echoes through one progress thread.
+    const int n = 64;
+#else
     const int n = 256;
+#endif
     auto l = listen(settings());
     std::vector<std::unique_ptr<Connection>> servers(n);
     std::thread acceptor([&] {
