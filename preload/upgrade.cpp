@@ -44,6 +44,17 @@ socklen_t plainAddress(const sockaddr *in, socklen_t len, sockaddr_storage *out)
     return len;
 }
 
+// Closes a fabric connection that brought no token (or a wrong one) abortively: it has nothing
+// to deliver, and a graceful close would keep its endpoint, and its descriptors, until the peer
+// acknowledged it (up to 30 s): a peer that never does, opening connections as fast as it
+// can, would hold 30 s of them whatever the limit on those that wait.
+void drop(Socket &s)
+{
+    const linger now{1, 0};
+    (void)s.setsockopt(SOL_SOCKET, SO_LINGER, &now, sizeof(now));
+    s.close();
+}
+
 } // namespace
 
 std::shared_ptr<UpgradeListener> UpgradeListener::forAddress(const sockaddr *local, socklen_t len,
@@ -179,7 +190,7 @@ void UpgradeListener::pumpLocked()
                    "upgrade: port %d: over %zu connections without a token: the oldest "
                    "closed",
                    port_, limits_.pendingMax);
-            unread_.front().sock->close();
+            drop(*unread_.front().sock);
             unread_.erase(unread_.begin());
         }
     }
@@ -196,7 +207,7 @@ void UpgradeListener::pumpLocked()
                 arrived_[token] = std::move(u.sock);
             } else {
                 RS_LOG(Info, "upgrade: a fabric connection with a token nobody waits for: closed");
-                u.sock->close();
+                drop(*u.sock);
             }
             return true;
         }
@@ -205,7 +216,7 @@ void UpgradeListener::pumpLocked()
                 return false;
             RS_LOG(Info, "upgrade: a fabric connection sent no token in time: closed");
         }
-        u.sock->close();
+        drop(*u.sock);
         return true;
     });
 }

@@ -127,8 +127,20 @@ pending_max = int(os.environ["FLOOD_PENDING_MAX"])
 shut = wait_closed(fds, count - pending_max, 5, "over the limit")
 if len(shut) != count - pending_max or shut != list(range(count - pending_max)):
     sys.exit("hostile: not the %d oldest closed at once" % (count - pending_max))
-peak = server_fds()
+# Those closed hold nothing (an abortive close: a graceful one kept their endpoints until this
+# peer acknowledged it, which it never does); those waiting at most 6 fds each (4 here).
+bound = before + 6 * pending_max
+deadline = time.time() + 3
+while True:
+    ping()
+    peak = server_fds()
+    if peak <= bound or time.time() > deadline:
+        break
+    time.sleep(0.05)
 print("hostile: server fds %d before, %d while %d connections wait" % (before, peak, pending_max))
+if peak > bound:
+    sys.exit("hostile: the server holds %d fds for %d connections that wait (over %d)" %
+             (peak - before, pending_max, bound - before))
 # A wrong token closes its connection at once.
 bad = fabric_connect()
 if rs.rsend(bad, struct.pack(">Q", token ^ 1), 8, 0) != 8:
