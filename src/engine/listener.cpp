@@ -28,6 +28,8 @@ namespace {
 
 // How long the tcp provider may wait in one read for the rest of a connection request.
 constexpr int kRequestReadTimeoutMs = 50;
+// How soon the progress thread looks again at a listener whose lock the application held.
+constexpr int64_t kBusyRetryNs = 1000000;
 
 // The tcp provider (libfabric 1.17, and upstream still) reads a connection request with a
 // blocking recv() on the socket it accepted, from inside fi_eq_read: a peer that sends a header
@@ -175,10 +177,18 @@ void Listener::pumpLocked()
     }
 }
 
-int Listener::backgroundAccept(int64_t *)
+int Listener::backgroundAccept(int64_t *deadlineNs)
 {
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
-    if (!lock.owns_lock() || !listening_)
+    if (!lock.owns_lock()) {
+        // The application is accepting: it takes what has come, but a request after its call
+        // would wait for its next one, which a program blocked elsewhere never makes (a shim
+        // server blocked in a kernel recv while its client's fabric connect to the upgrade
+        // listener timed out). Not polled this round: looked at again in a millisecond.
+        *deadlineNs = std::min(*deadlineNs, nowNs() + kBusyRetryNs);
+        return -1;
+    }
+    if (!listening_)
         return -1;
     pumpLocked();
     if (ready_.size() >= backlog_)
