@@ -18,8 +18,10 @@ flood=20
 
 start_server server 1 shim server 60 env RSTREAM_UPGRADE_PENDING_MAX=$FLOOD_PENDING_MAX \
 	RSTREAM_TOKEN_WAIT_MS=1500 RSTREAM_LOG=info RSTREAM_LOG_FILE="$work/server.rs" \
-	python3 "$prog" server @PORT@ "$work"
-out=$(plain 60 python3 "$prog" hostile "$port" "$work" "$librstream" "$flood" 2>&1) ||
+	python3 "$(dirname "$0")/echo_server.py" 127.0.0.1 @PORT@
+# timeout's child: the server's Python (rstream-run execs it), whose fds the hostile peer counts.
+python_pid=$(pgrep -P "$server_pid" python3) || fail "no server process under $server_pid"
+out=$(plain 60 python3 "$prog" hostile "$port" "$python_pid" "$librstream" "$flood" 2>&1) ||
 	fail "the hostile peer's checks failed: $(tail -n 3 <<<"$out")"
 log "$out"
 for line in "over $FLOOD_PENDING_MAX connections without a token: the oldest closed" \
