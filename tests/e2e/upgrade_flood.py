@@ -104,8 +104,10 @@ pending_max = int(os.environ["FLOOD_PENDING_MAX"])
 shut = wait_closed(fds, count - pending_max, 5, "over the limit")
 if len(shut) != count - pending_max or shut != list(range(count - pending_max)):
     sys.exit("hostile: not the %d oldest closed at once" % (count - pending_max))
-# Those closed hold nothing (an abortive close: a graceful one kept their endpoints until this
-# peer acknowledged it, which it never does); those waiting at most 6 fds each (4 here).
+# The connections that wait hold at most 6 fds each (4 here), those closed none once gone.
+# (They are closed with a reset, so at once; a graceful close kept each until this peer's
+# library acknowledged it, within a fraction of a second here, and would for 30 s for a peer
+# that never does, which this one cannot play.)
 bound = before + 6 * pending_max
 deadline = time.time() + 3
 while True:

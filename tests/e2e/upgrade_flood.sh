@@ -3,9 +3,9 @@
 # A hostile peer at a shimmed server's upgrade listener (upgrade_flood.py): after the upgrade's
 # first step by hand, it opens fabric connections to the port it was given and sends no token.
 # The listener keeps at most RSTREAM_UPGRADE_PENDING_MAX of them (the oldest are closed at once),
-# closes each when RSTREAM_TOKEN_WAIT_MS passes and one with a wrong token at once, each with a
-# reset (no fd held for a peer that never acknowledges a close), holds no fd after them, and a
-# shimmed client still moves to the fabric.
+# closes each when RSTREAM_TOKEN_WAIT_MS passes and one with a wrong token at once, holds at
+# most a few fds for each that waits and none after them, and a shimmed client still moves to
+# the fabric.
 # Usage: upgrade_flood.sh LIBRSTREAM_PRELOAD_SO RSTREAM_RUN LIBRSTREAM_SO
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
