@@ -15,9 +15,11 @@ prog="$(dirname "$0")/upgrade_flood.py"
 librstream=$(realpath "${3:?usage: $0 LIBRSTREAM_PRELOAD_SO RSTREAM_RUN LIBRSTREAM_SO}")
 export FLOOD_PENDING_MAX=8
 flood=20
+# The token wait leaves the 20 connects (a few ms each here) room before the first of the 8
+# newest is due: the check that only the 12 oldest went at once counts on it.
 
 start_server server 1 shim server 60 env RSTREAM_UPGRADE_PENDING_MAX=$FLOOD_PENDING_MAX \
-	RSTREAM_TOKEN_WAIT_MS=1500 RSTREAM_LOG=info RSTREAM_LOG_FILE="$work/server.rs" \
+	RSTREAM_TOKEN_WAIT_MS=3000 RSTREAM_LOG=info RSTREAM_LOG_FILE="$work/server.rs" \
 	python3 "$(dirname "$0")/echo_server.py" 127.0.0.1 @PORT@
 # timeout's child: the server's Python (rstream-run execs it), whose fds the hostile peer counts.
 python_pid=$(pgrep -P "$server_pid" python3) || fail "no server process under $server_pid"
