@@ -21,12 +21,12 @@
 
 namespace rstream::shim {
 
-// What a listener holds for peers that connect and send no token (RSTREAM_UPGRADE_PENDING_MAX,
-// RSTREAM_TOKEN_WAIT_MS).
+// What a listener holds for peers that connect and send no token: ShimConfig's
+// upgradePendingMax and tokenWaitMs (RSTREAM_UPGRADE_PENDING_MAX, RSTREAM_TOKEN_WAIT_MS).
 struct UpgradeLimits
 {
-    size_t pendingMax = 4096;    // connections whose token is not read yet; the oldest goes beyond
-    int64_t tokenWaitMs = 10000; // how long each may take to send its token
+    size_t pendingMax;   // connections whose token is not read yet; the oldest goes beyond
+    int64_t tokenWaitMs; // how long each may take to send its token
 };
 
 class UpgradeListener
@@ -67,7 +67,7 @@ private:
 
     std::shared_ptr<Socket> listen_;
     int port_ = 0;
-    UpgradeLimits limits_;
+    UpgradeLimits limits_{};
     std::mutex mutex_;
     std::set<uint64_t> expected_;
     std::map<uint64_t, std::shared_ptr<Socket>> arrived_;
