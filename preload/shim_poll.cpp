@@ -121,9 +121,11 @@ int Shim::epollCreated(const void *ra, int fd)
 // ---- poll -------------------------------------------------------------------------------------
 
 // glibc declares poll's and ppoll's fds write-only (access attribute), so GCC takes the events
-// the program passes in for uninitialized memory.
+// the program passes in for uninitialized memory (clang has no such warning).
 #pragma GCC diagnostic push
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 int Shim::poll(const void *ra, pollfd *fds, nfds_t nfds, int timeout)
 {

@@ -15,8 +15,13 @@ namespace rstream {
 // Without UBSan's checks (f keeps its own): libsupc++ binds catch (abi::__forced_unwind &) to a
 // null object, a cancellation being no C++ exception, which UBSan takes for a null reference.
 // GCC 12 ignores no_sanitize("null") on a template, hence all of UBSan.
+#if defined(__clang__)
+#define RSTREAM_NO_UBSAN __attribute__((no_sanitize("undefined")))
+#else
+#define RSTREAM_NO_UBSAN __attribute__((no_sanitize_undefined))
+#endif
 template <class F, class E>
-__attribute__((no_sanitize_undefined)) auto cBoundary(F &&f, E &&internalError) -> decltype(f())
+RSTREAM_NO_UBSAN auto cBoundary(F &&f, E &&internalError) -> decltype(f())
 {
     const int saved = errno;
     try {

@@ -34,6 +34,7 @@
 #include "net.h"
 #include "proc.h"
 #include "respawn.h"
+#include "sanitizers.h"
 
 using namespace rstream;
 using rstest::countFds;
@@ -194,7 +195,7 @@ TEST_F(Resources, RegistrationFailureFailsTheConnect)
 // so that only the accepting side fails.
 TEST_F(Resources, RegistrationFailureFailsTheAccept)
 {
-#ifdef __SANITIZE_ADDRESS__
+#ifdef RSTREAM_TEST_ASAN
     // libfabric 1.20's tcp provider leaks 40 bytes (calloc'd in libfabric, presumably the
     // connection request's handle) when an endpoint made from a request closes before
     // fi_accept, and LeakSanitizer fails the run for it; the build without ASan runs this.
@@ -558,7 +559,7 @@ TEST_F(Resources, SoakLeavesNothingBehind)
     EXPECT_GT(conns, procs * 10) << "the soak made too few connections to mean anything";
     EXPECT_EQ(fds1, fds0);
     EXPECT_EQ(live1, live0);
-#ifndef __SANITIZE_ADDRESS__ // ASan's quarantine holds freed memory
+#ifndef RSTREAM_TEST_ASAN // ASan's quarantine holds freed memory
     EXPECT_LE(rss1 - rss0, 8192) << "RSS grew by " << rss1 - rss0 << " KiB over the soak";
 #endif
 }

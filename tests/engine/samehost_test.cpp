@@ -21,6 +21,7 @@
 
 #include "samehost_fixture.h"
 #include "samehost_setup.h"
+#include "sanitizers.h"
 
 namespace rstream {
 namespace {
@@ -252,7 +253,8 @@ TEST_F(SameHost, SleepersWakeAndIdleCostsNoCpu)
     auto [c, s] = pair();
     ASSERT_TRUE(c && s);
     // A blocking reader sleeps in the kernel (no spinning past the cap) and wakes for data.
-    std::thread reader([&] {
+    // Bindings named in the capture: clang 14 cannot capture a structured binding implicitly.
+    std::thread reader([&, &s = s] {
         char buf[8];
         EXPECT_EQ(s->recv(buf, 8, kWaitAll, 5000), 8);
     });
@@ -326,7 +328,7 @@ TEST_F(SameHost, IdleConnectionsHoldTwoDescriptorsAndLittleMemory)
     // Each end maps the region (its touched pages count in each mapping): the header and a page
     // of each ring, 12 KiB, plus the connection's own structures. (Sanitizers' shadow memory
     // and quarantine make RSS meaningless there.)
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#if !defined(RSTREAM_TEST_ASAN) && !defined(RSTREAM_TEST_TSAN)
     EXPECT_LT(kibPerEnd, 64.0);
 #endif
 }
@@ -351,7 +353,7 @@ TEST_F(SameHost, IdleRingsGiveTheirPagesBack)
         std::vector<uint8_t> a(4 << 20), r(a.size());
         for (auto &x : a)
             x = static_cast<uint8_t>(rng());
-        std::thread writer([&] {
+        std::thread writer([&, &c = c] {
             std::mt19937 g(round);
             sendAll(*c, a.data(), a.size(), g, 300000);
         });
@@ -391,7 +393,7 @@ TEST_F(SameHost, ConcurrentLooksNeverMistakeProgressForCorruption)
             while (!done.load(std::memory_order_relaxed))
                 x->peek(&r, &w);
         });
-    std::thread writer([&] {
+    std::thread writer([&, &c = c] {
         std::vector<uint8_t> buf(1500);
         size_t sent = 0;
         uint8_t v = 0;
@@ -439,7 +441,7 @@ TEST_F(SameHost, BlockedWriterWakesForAThirdOfTheRing)
         for (size_t i = 0; i < out.size(); i++)
             out[i] = uint8_t(i * 7 + 1);
         std::atomic<ssize_t> sent{0};
-        std::thread writer([&] { sent = c->send(out.data(), out.size(), 0, 20000); });
+        std::thread writer([&, &c = c] { sent = c->send(out.data(), out.size(), 0, 20000); });
         // The writer fills the ring and goes to sleep, asking for a third of it.
         std::atomic<uint64_t> &waiting = reader->testRecvDir()->writerWaiting.v;
         for (int i = 0; i < 5000 && !waiting.load(); i++)
@@ -448,7 +450,7 @@ TEST_F(SameHost, BlockedWriterWakesForAThirdOfTheRing)
         if (asked)
             waiting.store(asked);
         size_t got = 0;
-        auto take = [&](size_t n) {
+        auto take = [&, &s = s](size_t n) {
             const ssize_t r = s->recv(in.data() + got, n, kWaitAll, 5000);
             ASSERT_EQ(r, ssize_t(n));
             got += n;

@@ -20,6 +20,7 @@
 #include "connection.h"
 #include "proc.h"
 #include "respawn.h"
+#include "sanitizers.h"
 
 namespace rstream::scaletest {
 
@@ -156,7 +157,7 @@ inline void expectBack(const EndsReport &r, const char *who)
 {
     EXPECT_EQ(r.fds2, r.fds0) << who << ": descriptors left after closing every connection";
     EXPECT_EQ(r.live2, r.live0) << who << ": connections left alive after closing every one";
-#ifndef __SANITIZE_ADDRESS__ // ASan's allocator keeps freed memory in quarantine
+#ifndef RSTREAM_TEST_ASAN // ASan's allocator keeps freed memory in quarantine
     EXPECT_LE(r.rss2 - r.rss0, std::max(8192L, (r.rss1 - r.rss0) / 10))
         << who << ": RSS " << r.rss0 << " KiB before, " << r.rss1 << " held, " << r.rss2
         << " after closing";

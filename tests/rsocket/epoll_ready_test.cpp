@@ -50,7 +50,8 @@ TEST_P(EpollReady, IdleListenerIsParkedAndWokenByAConnect)
         std::thread t(
             [&] { EXPECT_EQ(c->connect(reinterpret_cast<sockaddr *>(&addr_), sizeof(addr_)), 0); });
         ASSERT_EQ(set_->wait(out, 8, 5000, nullptr, 50), 1);
-        EXPECT_EQ(out[0].data.u64, 999u);
+        // A copy: epoll_event is packed on x86-64, and gtest's macros take references.
+        EXPECT_EQ(uint64_t{out[0].data.u64}, 999u);
         EXPECT_TRUE(out[0].events & EPOLLIN);
         std::shared_ptr<Socket> s;
         ASSERT_EQ(listener_->accept(&s, nullptr, nullptr), 0);
@@ -75,7 +76,7 @@ TEST_P(EpollReady, IdleMembersAreNotLookedAt)
         sendByte(*pairs_[k].first);
         const uint64_t at = set_->looks();
         ASSERT_EQ(set_->wait(out, 8, 5000, nullptr, 50), 1);
-        EXPECT_EQ(out[0].data.u64, uint64_t(k));
+        EXPECT_EQ(uint64_t{out[0].data.u64}, uint64_t(k));
         EXPECT_TRUE(out[0].events & EPOLLIN);
         EXPECT_LE(set_->looks() - at, 4u) << "a wait looked at more than the member woken";
         char b;
@@ -102,7 +103,7 @@ TEST_P(EpollReady, ProgressOutsideTheWaitWakesTheMember)
         const auto t1 = std::chrono::steady_clock::now();
         ASSERT_EQ(set_->wait(out, 4, 3000, nullptr, 0), 1) << "round " << round;
         EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::milliseconds(1000));
-        EXPECT_EQ(out[0].data.u64, 2u);
+        EXPECT_EQ(uint64_t{out[0].data.u64}, 2u);
         char b;
         iovec v{&b, 1};
         ASSERT_EQ(pairs_[2].second->recv(&v, 1, 0), 1);
@@ -132,7 +133,7 @@ TEST_P(EpollReady, MemberTakenOutAndPutBackIsReportedEachTime)
         EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(35));
         ASSERT_EQ(set_->ctl(EPOLL_CTL_ADD, 1000, &ev, member), 0);
         ASSERT_EQ(set_->wait(out, 8, 3000, nullptr, 0), 1);
-        EXPECT_EQ(out[0].data.u64, 0u);
+        EXPECT_EQ(uint64_t{out[0].data.u64}, 0u);
         char b;
         iovec v{&b, 1};
         ASSERT_EQ(member->recv(&v, 1, 0), 1);
@@ -224,7 +225,7 @@ TEST_P(EpollReady, KernelFdsBesideParkedMembersAreReported)
         ASSERT_EQ(write(p[1], "k", 1), 1);
         int n = set_->wait(out, 8, 0, nullptr, 0);
         ASSERT_EQ(n, 1);
-        EXPECT_EQ(out[0].data.u64, 99u);
+        EXPECT_EQ(uint64_t{out[0].data.u64}, 99u);
         char b;
         ASSERT_EQ(read(p[0], &b, 1), 1);
         ASSERT_TRUE(parked(3));
@@ -238,7 +239,7 @@ TEST_P(EpollReady, KernelFdsBesideParkedMembersAreReported)
         writer.join();
         EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
         ASSERT_EQ(n, 1);
-        EXPECT_EQ(out[0].data.u64, 99u);
+        EXPECT_EQ(uint64_t{out[0].data.u64}, 99u);
         // And the members still report their own events beside it.
         sendByte(*pairs_[1].first);
         n = set_->wait(out, 8, 5000, nullptr, 0);
@@ -293,7 +294,7 @@ TEST_P(EpollReady, ProgramNestingAsDeepAsTheKernelAllowsStillWorks)
     const int n = set_->wait(out, 4, 5000, nullptr, 0);
     writer.join();
     ASSERT_EQ(n, 1);
-    EXPECT_EQ(out[0].data.u64, 55u);
+    EXPECT_EQ(uint64_t{out[0].data.u64}, 55u);
     close(p[0]);
     close(p[1]);
     for (int e : chain)

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "harness.h"
+#include "sanitizers.h"
 
 using namespace rstest;
 
@@ -44,7 +45,7 @@ class Fdlimit : public BackendTest
 protected:
     void SetUp() override
     {
-#ifdef __SANITIZE_ADDRESS__
+#ifdef RSTREAM_TEST_ASAN
         // The sanitizer build also has UBSan's vptr check, whose runtime opens a pipe to see
         // whether memory is readable: at the limit that fails, and it reports a false error.
         GTEST_SKIP() << "UBSan's vptr check needs descriptors of its own";

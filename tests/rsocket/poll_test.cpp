@@ -221,7 +221,8 @@ TEST_P(Epoll, LevelTriggered)
     auto evs = wait(ep, 5000);
     ASSERT_EQ(evs.size(), 1u);
     EXPECT_EQ(evs[0].events, uint32_t(EPOLLIN));
-    EXPECT_EQ(evs[0].data.u64, kTag);
+    // A copy: epoll_event is packed on x86-64, and gtest's macros take references.
+    EXPECT_EQ(uint64_t{evs[0].data.u64}, kTag);
     // Still there while unread.
     evs = wait(ep, 0);
     ASSERT_EQ(evs.size(), 1u);
@@ -241,7 +242,7 @@ TEST_P(Epoll, Writable)
     auto evs = wait(ep, 0);
     ASSERT_EQ(evs.size(), 1u);
     EXPECT_EQ(evs[0].events, uint32_t(EPOLLOUT));
-    EXPECT_EQ(evs[0].data.u64, 7u);
+    EXPECT_EQ(uint64_t{evs[0].data.u64}, 7u);
 }
 
 TEST_P(Epoll, EdgeTriggered)
@@ -253,7 +254,7 @@ TEST_P(Epoll, EdgeTriggered)
     auto evs = wait(ep, 5000);
     ASSERT_EQ(evs.size(), 1u);
     EXPECT_EQ(evs[0].events, uint32_t(EPOLLIN));
-    EXPECT_EQ(evs[0].data.u64, kTag);
+    EXPECT_EQ(uint64_t{evs[0].data.u64}, kTag);
     // Not again while the byte sits unread.
     EXPECT_TRUE(wait(ep, 100).empty());
     // A new arrival is a new edge.
@@ -276,7 +277,7 @@ TEST_P(Epoll, OneShot)
     ASSERT_EQ(b->send(s, "1", 1, 0), 1);
     auto evs = wait(ep, 5000);
     ASSERT_EQ(evs.size(), 1u);
-    EXPECT_EQ(evs[0].data.u64, 1u);
+    EXPECT_EQ(uint64_t{evs[0].data.u64}, 1u);
     EXPECT_TRUE(wait(ep, 50).empty());
     ASSERT_EQ(b->send(s, "2", 1, 0), 1);
     EXPECT_TRUE(wait(ep, 100).empty());
@@ -288,7 +289,7 @@ TEST_P(Epoll, OneShot)
     evs = wait(ep, 5000);
     ASSERT_EQ(evs.size(), 1u);
     EXPECT_EQ(evs[0].events, uint32_t(EPOLLIN));
-    EXPECT_EQ(evs[0].data.u64, 2u);
+    EXPECT_EQ(uint64_t{evs[0].data.u64}, 2u);
     EXPECT_TRUE(wait(ep, 50).empty());
 }
 
@@ -304,7 +305,7 @@ TEST_P(Epoll, MixedWithPipe)
     ASSERT_EQ(write(p[1], "p", 1), 1);
     auto evs = wait(ep, 5000);
     ASSERT_EQ(evs.size(), 1u);
-    EXPECT_EQ(evs[0].data.u64, 200u);
+    EXPECT_EQ(uint64_t{evs[0].data.u64}, 200u);
     EXPECT_EQ(evs[0].events, uint32_t(EPOLLIN));
     ASSERT_EQ(b->send(s, "s", 1, 0), 1);
     for (int i = 0; i < 100 && evs.size() < 2; i++)
@@ -325,7 +326,7 @@ TEST_P(Epoll, MixedWithPipe)
     t.join();
     EXPECT_LT(msSince(t0), 2000);
     ASSERT_EQ(evs.size(), 1u);
-    EXPECT_EQ(evs[0].data.u64, 200u);
+    EXPECT_EQ(uint64_t{evs[0].data.u64}, 200u);
     close(p[0]);
     close(p[1]);
 }
@@ -348,7 +349,7 @@ TEST_P(Epoll, PointerDataAndPeerEvents)
     }
     ASSERT_EQ(evs.size(), 1u);
     EXPECT_EQ(evs[0].events, uint32_t(EPOLLIN | EPOLLRDHUP));
-    EXPECT_EQ(evs[0].data.ptr, &marker);
+    EXPECT_EQ(static_cast<void *>(evs[0].data.ptr), &marker);
     // A reset adds EPOLLERR and EPOLLHUP, reported without being asked for.
     linger lg{1, 0};
     ASSERT_EQ(b->setsockopt(s, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
@@ -375,7 +376,7 @@ TEST_P(Epoll, CtlDel)
     ASSERT_EQ(add(ep, c, EPOLLIN, 2), 0);
     auto evs = wait(ep, 0);
     ASSERT_EQ(evs.size(), 1u);
-    EXPECT_EQ(evs[0].data.u64, 2u);
+    EXPECT_EQ(uint64_t{evs[0].data.u64}, 2u);
 }
 
 TEST_P(Epoll, ClosedDescriptorLeavesTheSet)
