@@ -53,18 +53,33 @@ socklen_t beaconName(const std::string &addr, sockaddr_un *out)
     return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
 }
 
-bool beaconThere(const std::string &addr)
+// Looks for beacons through one socket: a refused connect leaves a UNIX socket unconnected, so
+// the second name (a wildcard listener's) costs one system call, not three.
+class BeaconLook
 {
-    sockaddr_un a;
-    const socklen_t len = beaconName(addr, &a);
-    const int s = sys::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (s < 0)
-        return false;
-    // Connected, or a full backlog (nothing is ever accepted): there. ECONNREFUSED: not.
-    const int r = sys::connect(s, reinterpret_cast<sockaddr *>(&a), len);
-    sys::close(s);
-    return r == 0 || r == -EAGAIN || r == -EINPROGRESS;
-}
+public:
+    ~BeaconLook()
+    {
+        if (fd_ >= 0)
+            sys::close(fd_);
+    }
+
+    bool there(const std::string &addr)
+    {
+        if (fd_ < 0)
+            fd_ = sys::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd_ < 0)
+            return false;
+        sockaddr_un a;
+        const socklen_t len = beaconName(addr, &a);
+        // Connected, or a full backlog (nothing is ever accepted): there. ECONNREFUSED: not.
+        const int r = sys::connect(fd_, reinterpret_cast<sockaddr *>(&a), len);
+        return r == 0 || r == -EAGAIN || r == -EINPROGRESS;
+    }
+
+private:
+    int fd_ = -1;
+};
 
 } // namespace
 
@@ -156,10 +171,11 @@ bool shimListenerHere(const sockaddr *dest)
     const std::string names[] = {describe(dest),
                                  (addressBytes(dest, bytes) == AF_INET ? "0.0.0.0:" : "[::]:") +
                                      std::to_string(addressPort(dest))};
+    BeaconLook look;
     for (const std::string &n : names) {
         if (ownBeacon(n))
             return false; // our own listener: the fabric directly
-        if (beaconThere(n))
+        if (look.there(n))
             return true;
     }
     return false;
