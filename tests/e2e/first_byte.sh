@@ -2,12 +2,13 @@
 # SPDX-License-Identifier: MIT
 # A shimmed short-lived client: towards a server without the shim its connects (blocking and
 # nonblocking) go to kernel TCP after the light probe, towards a shimmed one they offer the
-# upgrade in-band; either way it never loads libfabric and its first reply comes as soon as
-# without the shim; a server restarted without the shim is never offered an upgrade.
+# upgrade in-band (also to one on the wildcard address); either way it never loads libfabric and
+# its first reply comes as soon as without the shim; a server restarted without the shim is
+# never offered an upgrade.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
-need python3
+need python3 strace
 
 echo_server=$(dirname "$0")/echo_server.py
 
@@ -86,6 +87,23 @@ done <<<"$out"
 expect_no_fallback client2
 [ "$(stat_sum client2 before_switch)" -eq 2 ] || fail "client2: the upgrade was not offered twice"
 log "shimmed server: offered, no libfabric, first replies in time"
+
+# The same with the server on the wildcard address: the client finds its beacon under the
+# second name it looks for (0.0.0.0:PORT, after 127.0.0.1:PORT is refused), else the light probe
+# would find the fabric listener and the client would load libfabric for the attempt. Both
+# looks go through one UNIX socket (a refused connect leaves it unconnected): strace counts them.
+stop_pid "$server_pid" || true
+start_server wildcard 1 shim wildcard 60 python3 "$echo_server" 0.0.0.0 @PORT@
+out=$(shim client4 30 strace -f -qq -e trace=socket -o "$work/client4.strace" \
+	python3 "$work/client.py" "$port" blocking nonblocking) ||
+	fail "the client of the wildcard server failed: $out"
+printf "    %s\n" "${out//$'\n'/$'\n    '}"
+grep -qx "libfabric absent" <<<"$out" || fail "the wildcard server's client loaded libfabric"
+expect_no_fallback client4
+[ "$(stat_sum client4 before_switch)" -eq 2 ] || fail "client4: the upgrade was not offered twice"
+unix=$(grep -c 'socket(AF_UNIX' "$work/client4.strace" || true)
+[ "$unix" -eq 2 ] || fail "client4: $unix UNIX sockets for 2 connects' beacon looks, not 2"
+log "shimmed server on 0.0.0.0: offered, no libfabric, one UNIX socket a connect"
 
 # The same port served without the shim: the client's next connects get no upgrade offer (no
 # beacon, and the light probe finds no fabric listener), so the plain server reads the client's
