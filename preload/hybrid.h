@@ -180,6 +180,14 @@ public:
     // kernelPollNow() then answers with.
     int lookFds(std::vector<pollfd> *fds) override;
     void lookResults(const pollfd *fds) override;
+    void sleepResults(const pollfd *fds, int n) override;
+    // In its upgrade, waiting for the peer's first bytes (the server for the offer, the client
+    // for the answer).
+    bool waitingFirstBytes() const
+    {
+        const Upgrade u = upgrade_.load();
+        return u == Upgrade::Maybe || u == Upgrade::Answer;
+    }
     int parkFds(std::vector<pollfd> *fds) override;
     int kernelFd() override;
     bool roomSoon() override;
@@ -352,6 +360,9 @@ private:
     // fd after it (an upgrade message), and the next look asks the kernel.
     std::atomic<uint64_t> kernelLook_{0};
     static constexpr short kKernelLookEvents = POLLIN | POLLOUT | POLLPRI | POLLRDHUP;
+    // What a sleep on the kernel fd saw of the peer's first bytes, for the look right after it
+    // (sleepResults()): the sleep's pass << 20 and the revents; 0: nothing.
+    std::atomic<uint64_t> sleepLook_{0};
 
     std::mutex mutex_;
     std::shared_ptr<Socket> sock_; // Fabric: the connection; Listener: the fabric listener

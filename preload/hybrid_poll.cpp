@@ -165,6 +165,13 @@ int HybridSocket::lookFds(std::vector<pollfd> *fds)
     if (!pass)
         return 0;
     if (upgradePending() || late()) {
+        // Woken by its fd in the sleep that ended the pass before this one on this thread: what
+        // the sleep saw is the look (the peek after it reads the bytes), a ppoll less.
+        if (const uint64_t slept = sleepLook_.exchange(0, std::memory_order_relaxed);
+            slept && slept >> 20 == Connection::HintPass::previous() && waitingFirstBytes()) {
+            kernelLook_.store(pass << 20 | kLookDone | (slept & 0xffff), std::memory_order_relaxed);
+            return 0;
+        }
         fds->push_back({fd_, kKernelLookEvents, 0});
         kernelLook_.store(pass << 20, std::memory_order_relaxed);
         return 1;
@@ -195,6 +202,17 @@ void HybridSocket::lookResults(const pollfd *fds)
             s->lookResults(fds + 1);
     listenLook_.compare_exchange_strong(look, look | kLookDone | uint16_t(fds[0].revents),
                                         std::memory_order_relaxed);
+}
+
+void HybridSocket::sleepResults(const pollfd *fds, int n)
+{
+    // Only a sleep on the kernel fd alone, for the events a look after it would report (a look
+    // asks for POLLOUT too, which a sleep that waits to read does not: it would end at once).
+    const uint64_t pass = Connection::HintPass::current();
+    if (!pass || n != 1 || fds[0].fd != fd_ || (fds[0].events & POLLOUT) || !fds[0].revents ||
+        !waitingFirstBytes())
+        return;
+    sleepLook_.store(pass << 20 | uint16_t(fds[0].revents), std::memory_order_relaxed);
 }
 
 int HybridSocket::parkFds(std::vector<pollfd> *fds)

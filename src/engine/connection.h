@@ -21,6 +21,7 @@
 #include "credits.h"
 #include "fabric.h"
 #include "fid.h"
+#include "hint_pass.h"
 #include "keepalive.h"
 #include "progress.h"
 #include "ring.h"
@@ -139,20 +140,8 @@ public:
         return armed_.load(std::memory_order_acquire) ? waitFd_ : -1;
     }
     int passHintFd() const { return shOn_.load(std::memory_order_acquire) ? -1 : hintFd(); }
-    void hintQuiet() { hintPass_.store(tHintPass, std::memory_order_relaxed); }
-    class HintPass
-    {
-    public:
-        HintPass() : saved_(tHintPass) { tHintPass = nextHintPass_.fetch_add(1) + 1; }
-        ~HintPass() { tHintPass = saved_; }
-        HintPass(const HintPass &) = delete;
-        HintPass &operator=(const HintPass &) = delete;
-        // This thread's pass (each one a new number), or 0 outside any.
-        static uint64_t current() { return tHintPass; }
-
-    private:
-        uint64_t saved_;
-    };
+    void hintQuiet() { hintPass_.store(HintPass::current(), std::memory_order_relaxed); }
+    using HintPass = rstream::HintPass;
 
     // shutdown(2) semantics: SHUT_RD, SHUT_WR, SHUT_RDWR.
     int shutdown(int how);
@@ -513,12 +502,10 @@ private:
     // makes the wait fd readable (see hintFd()). Written under mutex_, read without it.
     std::atomic<bool> armed_{false};
     std::atomic<uint64_t> hintPass_{0}; // the pass that found the armed wait fd not readable
-    static inline std::atomic<uint64_t> nextHintPass_{0};
-    static inline thread_local uint64_t tHintPass = 0; // this thread's pass, 0: none
-    bool changed_ = false;   // progress changed what waiters may be waiting for
-    uint32_t eqSkips_ = 0;   // progress calls since the EQ was last read while connected
-    bool cqDrained_ = false; // the last read found the CQ empty (armLocked())
-    bool eqDue_ = false;     // the CQ reported an error since the EQ was last found empty
+    bool changed_ = false;              // progress changed what waiters may be waiting for
+    uint32_t eqSkips_ = 0;              // progress calls since the EQ was last read while connected
+    bool cqDrained_ = false;            // the last read found the CQ empty (armLocked())
+    bool eqDue_ = false; // the CQ reported an error since the EQ was last found empty
     sockaddr_storage bindAddr_{};
     socklen_t bindLen_ = 0;
     bool passive_ = false; // in the progress thread's passive set

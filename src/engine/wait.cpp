@@ -377,7 +377,8 @@ void Connection::peek(ssize_t *recv, ssize_t *send, uint64_t *ring)
         tLook = WatchLook{this, watchSeq_.load()};
         return;
     }
-    if (tHintPass && hintPass_.load(std::memory_order_relaxed) == tHintPass &&
+    if (const uint64_t pass = HintPass::current();
+        pass && hintPass_.load(std::memory_order_relaxed) == pass &&
         armed_.load(std::memory_order_relaxed) && quietLocked()) {
         // The progress thread keeps out of the way of an application that looks.
         appProgressNs_.store(nowNs(), std::memory_order_relaxed);

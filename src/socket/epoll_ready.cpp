@@ -103,6 +103,7 @@ void EpollSet::forgetAfterForkLocked()
             active_.push_back(keyOf(e));
     }
     hintOwner_.clear();
+    watched_.store(0, std::memory_order_relaxed);
     slept_.clear();
     sleptAll_ = false;
     marks_.reset();
@@ -121,6 +122,7 @@ void EpollSet::watchLocked(Entry &e, const std::shared_ptr<Connection> &c)
         return; // never parked: looked at by every wait, as before
     e.slot = std::make_shared<WatchSlot>(marks_, keyOf(e));
     c->addWatch(e.slot);
+    watched_.fetch_add(1, std::memory_order_relaxed);
     e.conn = c;
     e.connRaw = c.get();
 }
@@ -150,6 +152,7 @@ void EpollSet::unwatchLocked(Entry &e)
         if (auto c = e.conn.lock())
             c->removeWatch(e.slot.get());
         e.slot.reset();
+        watched_.fetch_sub(1, std::memory_order_relaxed);
     }
     e.conn.reset();
     e.connRaw = nullptr;
@@ -193,15 +196,21 @@ int EpollSet::parkFdsLocked(Entry &e, bool arm)
             if (const Entry *o = findLocked(own->second); o && !o->sock.expired())
                 return 0;
     // One-shot, as a connection's: registered while readable, it fires at once. An fd still
-    // armed from an earlier parking (it has not fired since) stays as it is.
+    // armed from an earlier parking (it has not fired since) stays as it is. The member's own
+    // kernel socket (a listener's queue) stays registered, edge-triggered, as a fabric
+    // connection's wait fd does (parkLocked()): it fires for each connection that arrives,
+    // and is registered again only when a wake-up of it was taken after the member's last
+    // look. A server sleeping between connections re-armed it at each accept, a system call.
     epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLONESHOT;
     for (const pollfd &p : parkScratch_) {
+        const bool lasting = p.fd == e.fd && !(e.events & EPOLLONESHOT);
         if (std::find(e.armedFds.begin(), e.armedFds.end(), p.fd) != e.armedFds.end()) {
-            if (auto own = hintOwner_.find(p.fd); own != hintOwner_.end() && own->second == key)
+            auto own = hintOwner_.find(p.fd);
+            if (own != hintOwner_.end() && own->second == key && !(lasting && e.edgeSinceLook))
                 continue;
-            std::erase(e.armedFds, p.fd); // registered for another entry since
+            std::erase(e.armedFds, p.fd); // registered for another entry since, or fired
         }
+        ev.events = lasting ? EPOLLIN | EPOLLET : EPOLLIN | EPOLLONESHOT;
         ev.data.u64 = kParkFdKey + static_cast<uint32_t>(p.fd);
         int rc = sys::epollCtl(hintEp_, EPOLL_CTL_MOD, p.fd, &ev);
         if (rc == -ENOENT)
@@ -373,6 +382,22 @@ int EpollSet::sleepOnHint(int hintEp, int64_t deadlineNs, SignalsHeld &held, con
     return interrupted ? -EINTR : 0;
 }
 
+bool EpollSet::sleepsAtOnce(int *hintEp)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    // A sleep's events not taken yet, or a set forked since its last look: the look first.
+    if (hintEp_ < 0 || !kernelNested_ || !slept_.empty() || sleptAll_ ||
+        forkGen_ != forkGeneration())
+        return false;
+    // A member whose socket is gone (closed since its last look) can wake nothing: the look
+    // after the sleep drops it.
+    for (uint64_t key : active_)
+        if (const Entry *e = findLocked(key); e && e->active && !e->disabled && !e->sock.expired())
+            return false;
+    *hintEp = hintEp_;
+    return true;
+}
+
 void EpollSet::applyWakesLocked(const epoll_event *buf, int k, bool *kernelReady)
 {
     for (int i = 0; i < k; i++) {
@@ -397,8 +422,10 @@ void EpollSet::applyWakesLocked(const epoll_event *buf, int k, bool *kernelReady
                 continue;
             key = own->second;
             if (Entry *e = findLocked(key)) {
-                std::erase(e->armedFds, fd);
-                e->firedFds.push_back(fd);
+                if (fd != e->fd || (e->events & EPOLLONESHOT))
+                    std::erase(e->armedFds, fd); // not a lasting registration (parkFdsLocked)
+                if (std::find(e->firedFds.begin(), e->firedFds.end(), fd) == e->firedFds.end())
+                    e->firedFds.push_back(fd);
             }
         }
         Entry *e = findLocked(key);

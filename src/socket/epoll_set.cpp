@@ -418,7 +418,16 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         return -EFAULT;
     const int64_t start = nowNs();
     const int64_t deadline = timeoutMs < 0 ? -1 : start + int64_t(timeoutMs) * 1000000;
-    const int64_t capNs = int64_t(spinUs) * 1000;
+    // A spin catches what an engine connection (fabric, same-host) delivers without a sleep and
+    // a wake-up. A set without one waits for the kernel, as it would without rstream: a spin
+    // there is a look (a system call) and a sched_yield at a time, for no gain in its wake-up
+    // (a server of short kernel TCP connections spun up to the cap between any two of them).
+    // Known once the first look has seen the members.
+    int64_t capNs = int64_t(spinUs) * 1000;
+    auto settleCap = [&] {
+        if (watched_.load(std::memory_order_relaxed) == 0)
+            capNs = 0;
+    };
     int64_t spinEnd = 0;
     bool missed = false;
     auto check = [&]() -> int {
@@ -450,17 +459,38 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
         return true;
     };
     SignalsHeld held;
+    // Every member parked and the kernel's epoll nested: all that can end the wait shows in
+    // the hint epoll, so a wait that would not spin sleeps in it at once, and its look is the
+    // one that takes the sleep's events (kernel TCP's epoll_wait is one call; a look before
+    // the sleep was a second, for each request of a server that sleeps between requests).
+    // What was there already returns the sleep at once. Such a wait does not teach the spin
+    // (it cannot tell what was there from what came): its probes do (AdaptiveSpin).
+    bool sleptFirst = false;
+    int64_t window = -1; // the spin, when chosen before the first look
+    if (timeoutMs != 0 && sleepsAtOnce(&hintEp)) {
+        settleCap();
+        window = spin_.windowNs(capNs);
+    }
+    if (window == 0) {
+        missed = true;
+        spinEnd = start;
+        held.hold();
+        if (int r = sleepOnHint(hintEp, deadline, held, mask); r < 0)
+            return r;
+        sleptFirst = true;
+    }
     for (;;) {
         int n = check();
         if (n != 0 || timeoutMs == 0) {
-            if (n > 0 && missed)
+            if (n > 0 && missed && !sleptFirst)
                 spin_.record(nowNs() - start, capNs, spinEnd - start);
             return n;
         }
         int64_t now = nowNs();
         if (!missed) {
             missed = true;
-            spinEnd = start + spin_.windowNs(capNs);
+            settleCap();
+            spinEnd = start + (window >= 0 ? window : spin_.windowNs(capNs));
             held.hold();
         }
         if (deadline >= 0 && now >= deadline) {

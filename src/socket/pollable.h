@@ -45,6 +45,9 @@ public:
     // instead of a system call of its own for each. Returns how many were appended.
     virtual int lookFds(std::vector<pollfd> *) { return 0; }
     virtual void lookResults(const pollfd *) {}
+    // After a sleep (in a hint pass) on the fds prepareWait() gave: their revents, n of them.
+    // A socket may answer its look in the next pass from them (HybridSocket).
+    virtual void sleepResults(const pollfd *, int) {}
     // For an epoll set that parks a member without a connection (a listener): arms it and
     // appends the fds that turn readable when it may have become ready; 0, -EAGAIN when
     // something is pending already, -ENOTSUP when it cannot be parked so.

@@ -172,7 +172,8 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
     // The clock is read only once the first look finds nothing: a call answered at once (an
     // event loop's usual case) needs no time, and its timeout counts from then.
     int64_t start = 0, deadline = -1;
-    const int64_t capNs = int64_t(spinUs) * 1000;
+    // Only a wait on an engine connection spins (as epoll's, EpollSet::wait()).
+    int64_t capNs = int64_t(spinUs) * 1000;
     int64_t spinEnd = 0;
     bool missed = false, roomWait = false;
     SignalsHeld held;
@@ -231,13 +232,16 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
             // run dry during a sleep's wake-up, and not at all if not (RoomRate): room comes
             // as the peer reads, a little at a time, and a spin that caught each piece burnt a
             // CPU for writes no larger. It does not teach the window of the waits for data.
-            bool slowRoom = false;
+            bool slowRoom = false, engine = false;
             for (nfds_t i = 0; i < nfds; i++) {
                 if (socks[i] && (interest[i] & POLLOUT)) {
                     roomWait = true;
                     slowRoom = slowRoom || !socks[i]->roomSoon();
                 }
+                engine = engine || (socks[i] && socks[i]->hintConnection());
             }
+            if (!engine)
+                capNs = 0;
             spinEnd = start + (slowRoom ? 0 : roomWait ? capNs : tPollSpin.windowNs(capNs));
             held.hold();
         }

@@ -169,6 +169,9 @@ private:
     // kernel's epoll nested, no wake-up registered): one epoll_pwait, whose events the next
     // look takes (slept_). 0, or -errno (-EINTR).
     int sleepOnHint(int hintEp, int64_t deadlineNs, SignalsHeld &held, const sigset_t *mask);
+    // Whether a wait may sleep on the hint epoll before its first look (*hintEp): no member is
+    // active, the kernel's epoll is nested, and no sleep's events wait to be taken.
+    bool sleepsAtOnce(int *hintEp);
     // Before sleeping: every active entry is parked, or listed in socks (with interest) to sleep
     // on as poll does. -EAGAIN: something changed, look again.
     int parkAllLocked(std::vector<std::shared_ptr<Pollable>> *socks, std::vector<short> *interest);
@@ -210,6 +213,8 @@ private:
     std::vector<std::pair<std::shared_ptr<Pollable>, size_t>> lookers_;
     uint64_t forkGen_;
     std::atomic<uint64_t> looks_{0};
+    // Entries whose look reached an engine connection (watched): only a set with one spins.
+    std::atomic<int> watched_{0};
     std::atomic<uint64_t> gen_{0};
 };
 

@@ -180,14 +180,28 @@ inline int armAndSleep(const std::vector<std::shared_ptr<Pollable>> &socks,
     // Only the events asked for: a socket still on kernel TCP (in its switch) lists its kernel
     // fd, and POLLOUT there, always true, woke the sleep at once: a server whose epoll set held
     // sockets in their switch spun a CPU while idle.
-    for (size_t i = 0; i < socks.size(); i++)
+    // Where each socket's fds begin, for the first kSleepLooks sockets (sleepResults() is a
+    // saving, not a need: no allocation for it).
+    constexpr size_t kSleepLooks = 32;
+    size_t from[kSleepLooks + 1];
+    for (size_t i = 0; i < socks.size(); i++) {
+        if (i <= kSleepLooks)
+            from[i] = fds->size();
         if (socks[i] && socks[i]->prepareWait(fds, interest[i]) == -EAGAIN)
             return 0;
+    }
     // A socket's own step due before the deadline ends the sleep then (pollWakeBy).
     if (const int64_t by = takePollWakeBy(); by > 0 && (deadlineNs < 0 || by < deadlineNs))
         deadlineNs = by;
     const int r = ppollMs(fds->data(), fds->size(), remainingMs(deadlineNs), mask);
     waiters.clear();
+    // What the sleep saw of each socket's fds, for its look after it (the same pass's number
+    // tells that no other look came in between).
+    for (size_t i = 0; r > 0 && i < std::min(socks.size(), kSleepLooks); i++) {
+        const size_t end = i + 1 < socks.size() ? from[i + 1] : fds->size();
+        if (socks[i] && end > from[i])
+            socks[i]->sleepResults(fds->data() + from[i], static_cast<int>(end - from[i]));
+    }
     // Drained only when the sleep saw it: a wake-up written after the sleep ended (or one a
     // signal cut short) makes the next sleep return at once, and is drained then.
     const int wakeFd = tWake.fd();

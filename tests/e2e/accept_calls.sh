@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# What a shimmed nginx pays in system calls for a short connection (ab -c 1, both ends under
+# the shim, each connection over before it would switch): its listener stays registered in the
+# emulated epoll's hint epoll (no epoll_ctl of it at each accept), and a wait with every member
+# parked sleeps in one epoll_pwait of the hint epoll, without a look before it (nginx runs
+# without a spin here: a wait that spins looks until its window ends).
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "$0")/lib.sh"
+need nginx ab strace
+n=40
+
+RSTREAM_POLL_US=0 start_nginx "master_process off; worker_processes 1;"
+head -c 512 /dev/zero | tr '\0' x >"$work/nginx/html/index.html"
+for _ in $(seq 50); do
+	[ -s "$work/nginx/nginx.pid" ] && break
+	sleep 0.1
+done
+ngx=$(cat "$work/nginx/nginx.pid")
+url="http://127.0.0.1:$port/"
+# The listener's first parkings register it; the counted connections come after.
+shim warm 30 ab -q -n 20 -c 1 "$url" >"$work/warm.log" 2>&1 || fail "ab (warm-up) failed"
+
+strace -qq -o "$work/server.strace" -p "$ngx" &
+tracer=$!
+e2e_pids+=("$tracer")
+for _ in $(seq 50); do
+	[ -s "$work/server.strace" ] && break
+	sleep 0.1
+done
+shim client 60 ab -q -n "$n" -c 1 "$url" >"$work/ab.log" 2>&1 || fail "ab failed"
+grep -q "Failed requests: *0" "$work/ab.log" || fail "ab saw failed requests"
+sleep 0.3
+stop_pid "$tracer" INT || true
+expect_no_fallback client
+[ "$(stat_sum client before_switch)" -ge "$n" ] || fail "the client's connections were not offered"
+
+trace="$work/server.strace"
+lfd=$(sed -nE 's/^accept4\(([0-9]+),.*/\1/p' "$trace" | head -n 1)
+[ -n "$lfd" ] || fail "no accept4 in nginx's trace"
+accepts=$(grep -cE "^accept4\\($lfd, .*\\) += [0-9]+$" "$trace" || true)
+[ "$accepts" -ge "$n" ] || fail "nginx accepted $accepts connections of $n"
+# The listener's fd registered again in the hint epoll (a high fd of the shim's own).
+rearms=$(grep -cE "^epoll_ctl\\([0-9]+, EPOLL_CTL_(MOD|ADD), $lfd," "$trace" || true)
+# A look (epoll_wait with no timeout) right before the sleep in the same epoll.
+looks=$(awk '/^epoll_wait\([0-9]+, .*, 0\) += 0$/ { split($0, a, /[(,]/); look = a[2]; next }
+	/^epoll_pwait\(/ { split($0, a, /[(,]/); if (a[2] == look) n++ } { look = "" }
+	END { print n + 0 }' "$trace")
+calls=$(grep -cvE '^(\+\+\+|---)' "$trace" || true)
+log "$accepts connections: $calls system calls ($((calls * 10 / accepts)) tenths a connection)," \
+	"$rearms registrations of the listener, $looks looks right before a sleep"
+[ "$rearms" -le 2 ] || fail "the listener was registered again $rearms times in $accepts accepts"
+[ "$looks" -le $((accepts / 4)) ] ||
+	fail "$looks of $accepts sleeps had a look in the same epoll right before them"
+echo PASS
