@@ -350,6 +350,30 @@ TEST_P(EpollReady, BusyFewSameHostMembersCostThePeerNoWakeUps)
         << "wake-up bytes written for " << quietRounds << " messages to a busy member";
 }
 
+// Only a wait on a connection spins: one on a listener alone (under the shim, on kernel TCP
+// sockets alone too) sleeps at once, as the kernel's would, while one with a connection looks
+// again and again up to the cap before it sleeps.
+TEST_P(EpollReady, OnlyAWaitOnAConnectionSpins)
+{
+    addListener();
+    ASSERT_TRUE(parked(1));
+    const sys::Calls &table = threadCountingCalls();
+    epoll_event out[4];
+    auto calls = [&](int spinUs) {
+        sys::bind(&table);
+        gWaitPpolls = gEpollWaits = gEpollPwaits = 0;
+        tCounting = true;
+        EXPECT_EQ(set_->wait(out, 4, 30, nullptr, spinUs), 0);
+        tCounting = false;
+        sys::bind(&sys::kLibc);
+        return gWaitPpolls.load() + gEpollWaits.load() + gEpollPwaits.load();
+    };
+    EXPECT_EQ(calls(2000), 1) << "a wait on a listener alone spun";
+    connectPairs(1);
+    ASSERT_TRUE(parked(2));
+    EXPECT_GT(calls(2000), 3) << "a wait with a connection did not spin";
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, EpollReady, ::testing::ValuesIn(kModes),
                          [](const auto &p) { return std::string(p.param.name); });
 
