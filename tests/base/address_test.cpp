@@ -5,6 +5,8 @@
 #include <cerrno>
 #include <cstring>
 #include <netinet/in.h>
+#include <random>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -78,4 +80,54 @@ TEST(Address, FormatCutsToTheBufferWithoutOverrun)
     EXPECT_EQ(std::string(buf), "[2001:d");
     EXPECT_EQ(buf[8], 'x');
     EXPECT_EQ(formatAddress(sa(a), buf, 0), 0u);
+}
+
+// The text is inet_ntop's, for every pattern of zero groups (where "::" and the IPv4 forms
+// apply) and for random addresses, with the port after it.
+TEST(Address, HostTextIsInetNtops)
+{
+    std::mt19937 rng(7);
+    auto check = [&](int family, const uint8_t *bytes, uint16_t port) {
+        char want[INET6_ADDRSTRLEN];
+        ASSERT_NE(inet_ntop(family, bytes, want, sizeof(want)), nullptr);
+        sockaddr_storage ss{};
+        if (family == AF_INET) {
+            auto *a = reinterpret_cast<sockaddr_in *>(&ss);
+            a->sin_family = AF_INET;
+            a->sin_port = htons(port);
+            std::memcpy(&a->sin_addr, bytes, 4);
+            EXPECT_EQ(addressText(sa(ss)), std::string(want) + ":" + std::to_string(port));
+        } else {
+            auto *a = reinterpret_cast<sockaddr_in6 *>(&ss);
+            a->sin6_family = AF_INET6;
+            a->sin6_port = htons(port);
+            std::memcpy(&a->sin6_addr, bytes, 16);
+            EXPECT_EQ(addressText(sa(ss)), "[" + std::string(want) + "]:" + std::to_string(port));
+        }
+        EXPECT_EQ(hostText(sa(ss)), want);
+    };
+    const uint16_t special[] = {1, 2, 0xffff, 0xfffe, 0x10, 0x100, 0x1000, 0xabcd};
+    uint8_t b[16];
+    for (unsigned zeros = 0; zeros < 256; zeros++) {
+        for (const uint16_t w : special) {
+            for (int i = 0; i < 8; i++) {
+                const uint16_t v = (zeros >> i & 1) ? 0 : (i % 2 ? w : uint16_t(rng()));
+                b[2 * i] = uint8_t(v >> 8);
+                b[2 * i + 1] = uint8_t(v);
+            }
+            check(AF_INET6, b, uint16_t(rng()));
+        }
+    }
+    for (int k = 0; k < 20000; k++) {
+        for (auto &x : b)
+            x = uint8_t(rng() % 4 ? rng() : 0);
+        check(AF_INET6, b, uint16_t(rng()));
+        check(AF_INET, b, uint16_t(rng()));
+    }
+    const uint8_t edges[][4] = {
+        {0, 0, 0, 0}, {255, 255, 255, 255}, {127, 0, 0, 1}, {10, 0, 9, 100}};
+    for (const auto &e : edges) {
+        check(AF_INET, e, 0);
+        check(AF_INET, e, 65535);
+    }
 }
