@@ -3,8 +3,9 @@
 # What a shimmed nginx pays in system calls for a short connection (ab -c 1, both ends under
 # the shim, each connection over before it would switch): its listener stays registered in the
 # emulated epoll's hint epoll (no epoll_ctl of it at each accept), and a wait with every member
-# parked sleeps in one epoll_pwait of the hint epoll, without a look before it (nginx runs
-# without a spin here: a wait that spins looks until its window ends).
+# parked sleeps in one epoll_pwait of the hint epoll, without a look before it, and the client's
+# sleep that ends with the server's answer is the look at its socket (both run without a spin
+# here: a wait that spins looks until its window ends).
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -29,7 +30,8 @@ for _ in $(seq 50); do
 	[ -s "$work/server.strace" ] && break
 	sleep 0.1
 done
-shim client 60 ab -q -n "$n" -c 1 "$url" >"$work/ab.log" 2>&1 || fail "ab failed"
+RSTREAM_POLL_US=0 shim client 60 strace -qq -o "$work/client.strace" ab -q -n "$n" -c 1 "$url" \
+	>"$work/ab.log" 2>&1 || fail "ab failed"
 grep -q "Failed requests: *0" "$work/ab.log" || fail "ab saw failed requests"
 sleep 0.3
 stop_pid "$tracer" INT || true
@@ -50,6 +52,16 @@ looks=$(awk '/^epoll_wait\([0-9]+, .*, 0\) += 0$/ { split($0, a, /[(,]/); look =
 calls=$(grep -cvE '^(\+\+\+|---)' "$trace" || true)
 log "$accepts connections: $calls system calls ($((calls * 10 / accepts)) tenths a connection)," \
 	"$rearms registrations of the listener, $looks looks right before a sleep"
+# The client's look at its socket right after a sleep that saw the answer there (a ppoll of
+# that fd alone): the sleep's answer is the look.
+relooks=$(awk '/^ppoll\(/ && !/tv_sec=0, tv_nsec=0\}/ && match($0, /\{fd=[0-9]+, revents=POLLIN/) {
+		woke = substr($0, RSTART + 4, RLENGTH - 4); sub(/,.*/, "", woke); next }
+	woke != "" && index($0, "ppoll([{fd=" woke ", events=") == 1 && /\], 1, \{tv_sec=0, tv_nsec=0\}/ { n++ }
+	{ woke = "" } END { print n + 0 }' "$work/client.strace")
+sleeps=$(grep -cE '^ppoll\(.*tv_sec=[1-9]' "$work/client.strace" || true)
+log "client: $sleeps sleeps, $relooks looks at the woken socket right after one"
+[ "$sleeps" -ge $((n / 2)) ] || fail "the client slept only $sleeps times in $n connections"
+[ "$relooks" -le $((n / 10)) ] || fail "the client looked again at its socket after $relooks sleeps"
 [ "$rearms" -le 2 ] || fail "the listener was registered again $rearms times in $accepts accepts"
 [ "$looks" -le $((accepts / 4)) ] ||
 	fail "$looks of $accepts sleeps had a look in the same epoll right before them"
