@@ -93,7 +93,8 @@ char *putIpv6(char *p, const uint8_t *b)
     return p;
 }
 
-// The host part into out (room for INET6_ADDRSTRLEN): its length, 0 for another family.
+// The host part into out (INET6_ADDRSTRLEN bytes, 2 more with brackets): its length, 0 for
+// another family.
 size_t putHost(const sockaddr *addr, char *out, bool brackets, int *port)
 {
     char *p = out;
