@@ -91,9 +91,10 @@ log "shimmed server: offered, no libfabric, first replies in time"
 # The same with the server on the wildcard address: the client finds its beacon under the
 # second name it looks for (0.0.0.0:PORT, after 127.0.0.1:PORT is refused), else the light probe
 # would find the fabric listener and the client would load libfabric for the attempt. Both
-# looks go through one UNIX socket (a refused connect leaves it unconnected): strace counts them
-# in the process that made the looks (python3 may be a wrapper whose helpers open UNIX sockets
-# of their own, for name service lookups).
+# looks go through one UNIX socket (a refused connect leaves it unconnected): strace finds, in
+# the process that made the looks, the socket calls whose descriptors the looks used (the
+# process may open UNIX sockets of its own, for name service lookups, and python3 may be a
+# wrapper whose helpers do too).
 stop_pid "$server_pid" || true
 start_server wildcard 1 shim wildcard 60 python3 "$echo_server" 0.0.0.0 @PORT@
 out=$(shim client4 30 strace -f -qq -e trace=socket,connect -o "$work/client4.strace" \
@@ -108,9 +109,21 @@ looks=$(grep -E '^[0-9]+ +connect\([0-9]+, \{sa_family=AF_UNIX, sun_path=@"rstre
 lookers=$(awk '{print $1}' <<<"$looks" | sort -u | tr '\n' ' ')
 [ "$(grep -c . <<<"$looks")" -eq 4 ] && [ "$(wc -w <<<"$lookers")" -eq 1 ] ||
 	fail "client4: not 4 beacon looks (2 names for each of 2 connects) by one process: $looks"
-unix=$(awk -v pid="${lookers% }" '$1 == pid && /socket\(AF_UNIX/' "$work/client4.strace" |
-	grep -c . || true)
-[ "$unix" -eq 2 ] || fail "client4: $unix UNIX sockets for 2 connects' beacon looks, not 2"
+# Each look's descriptor leads back to the socket call that made it, the last one to return that
+# descriptor before the look; the looks must come from 2 such calls, both AF_UNIX sockets.
+sockets=$(awk -v pid="${lookers% }" '
+	$1 != pid { next }
+	/ socket\(/ && match($0, /= [0-9]+$/) {
+		fd = substr($0, RSTART + 2); made[fd] = NR; unix[NR] = /socket\(AF_UNIX/
+	}
+	/ connect\([0-9]+, \{sa_family=AF_UNIX, sun_path=@"rstream\// {
+		fd = $2; sub(/^connect\(/, "", fd); sub(/,$/, "", fd)
+		if (!(fd in made)) { print "none"; next }
+		if (!unix[made[fd]]) print "not-unix"; else print made[fd]
+	}' "$work/client4.strace" | sort -u)
+[ "$(grep -c . <<<"$sockets")" -eq 2 ] && ! grep -qE 'none|not-unix' <<<"$sockets" ||
+	fail "client4: 2 connects' beacon looks came from these socket calls, not 2 UNIX sockets:" \
+		"$(tr '\n' ' ' <<<"$sockets")"
 log "shimmed server on 0.0.0.0: offered, no libfabric, one UNIX socket a connect"
 
 # The same port served without the shim: the client's next connects get no upgrade offer (no
