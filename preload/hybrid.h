@@ -175,13 +175,6 @@ public:
     void addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered) override;
     uint64_t generation(int events) override;
     std::shared_ptr<Connection> hintConnection() override;
-    // A client that offers (Offer) or offered the upgrade, a server that read the offer: from
-    // then on until the switch or a fallback (late()).
-    bool peerSpins() override
-    {
-        const Upgrade u = upgrade_.load(std::memory_order_acquire);
-        return u == Upgrade::Offer || isLate(u);
-    }
     // A listener's: its kernel fd, then its engine socket's (Socket::lookFds). A socket in its
     // upgrade or switch, still on kernel TCP: its kernel fd, whose revents the pass's first
     // kernelPollNow() then answers with.

@@ -130,8 +130,6 @@ void EpollSet::eraseLocked(size_t i)
 {
     // Its key in active_ finds no entry any more, and is dropped at the next look.
     unwatchLocked(entries_[i]);
-    if (entries_[i].peerSpins)
-        peerSpinners_.fetch_sub(1, std::memory_order_relaxed);
     index_.erase(entries_[i].fd);
     if (i + 1 != entries_.size()) {
         entries_[i] = std::move(entries_.back());
@@ -253,10 +251,6 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
         looks_.fetch_add(1, std::memory_order_relaxed);
         const int rev = s->pollEvents(static_cast<int>(toPoll(e->events)));
         const WatchLook look = Connection::lastLook();
-        if (!e->peerSpins && s->peerSpins()) {
-            e->peerSpins = true; // for good: the peer stays what it is
-            peerSpinners_.fetch_add(1, std::memory_order_relaxed);
-        }
         e->looked = e->connRaw && look.conn == e->connRaw;
         e->lookSeq = look.seq;
         bool report = rev != 0;
@@ -428,13 +422,10 @@ int EpollSet::wait(epoll_event *events, int maxevents, int timeoutMs, const sigs
     // a wake-up. A set without one waits for the kernel, as it would without rstream: a spin
     // there is a look (a system call) and a sched_yield at a time, for no gain in its wake-up
     // (a server of short kernel TCP connections spun up to the cap between any two of them).
-    // A kernel TCP member whose peer runs rstream spins too (Pollable::peerSpins): that peer
-    // answers from a spin of its own, without the wake-up's tens of microseconds. Known once
-    // the first look has seen the members.
+    // Known once the first look has seen the members.
     int64_t capNs = int64_t(spinUs) * 1000;
     auto settleCap = [&] {
-        if (watched_.load(std::memory_order_relaxed) == 0 &&
-            peerSpinners_.load(std::memory_order_relaxed) == 0)
+        if (watched_.load(std::memory_order_relaxed) == 0)
             capNs = 0;
     };
     int64_t spinEnd = 0;

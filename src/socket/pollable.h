@@ -39,10 +39,6 @@ public:
     // The connection whose armed wait fd a poller checks before it looks (see
     // Connection::hintFd), or null: then every look makes progress.
     virtual std::shared_ptr<Connection> hintConnection() { return nullptr; }
-    // Whether its peer is known to run rstream while it is still on kernel TCP (a socket in its
-    // upgrade whose messages said so): a wait on it spins as one on an engine connection does.
-    // Such a peer is a shim's program that answers at once; a spin spares both ends a wake-up.
-    virtual bool peerSpins() { return false; }
     // Other fds a poller checks in its one system call of a hint pass (a listener's: its queue,
     // its fabric requests, a shim listener's kernel fd), appended to fds. lookResults() then
     // gets their revents, in that order, and pollEvents() in the same pass answers from them

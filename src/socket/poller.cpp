@@ -238,8 +238,7 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
                     roomWait = true;
                     slowRoom = slowRoom || !socks[i]->roomSoon();
                 }
-                engine =
-                    engine || (socks[i] && (socks[i]->hintConnection() || socks[i]->peerSpins()));
+                engine = engine || (socks[i] && socks[i]->hintConnection());
             }
             if (!engine)
                 capNs = 0;

@@ -113,8 +113,7 @@ private:
         std::weak_ptr<Connection> conn;
         const Connection *connRaw = nullptr;
         std::shared_ptr<WatchSlot> slot;
-        bool looked = false;    // the last look reached connRaw, and lookSeq is its watchSeq()
-        bool peerSpins = false; // a look found peerSpins(); counted in peerSpinners_ while here
+        bool looked = false; // the last look reached connRaw, and lookSeq is its watchSeq()
         uint64_t lookSeq = 0;
         int hintFd = -1; // the fd registered for it in the hint epoll (-1: none)
         // hintFd is registered edge-triggered and stays so (a fabric connection's wait fd): a
@@ -216,8 +215,6 @@ private:
     std::atomic<uint64_t> looks_{0};
     // Entries whose look reached an engine connection (watched): only a set with one spins.
     std::atomic<int> watched_{0};
-    // Entries whose look found their peer running rstream (Pollable::peerSpins): they spin too.
-    std::atomic<int> peerSpinners_{0};
     std::atomic<uint64_t> gen_{0};
 };
 

@@ -10,7 +10,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/epoll.h>
-#include <sys/socket.h>
 #include <thread>
 #include <vector>
 
@@ -373,92 +372,6 @@ TEST_P(EpollReady, OnlyAWaitOnAConnectionSpins)
     connectPairs(1);
     ASSERT_TRUE(parked(2));
     EXPECT_GT(calls(2000), 3) << "a wait with a connection did not spin";
-}
-
-// A member on kernel TCP whose peer runs rstream (under the shim, a socket in its upgrade) spins
-// as a connection does: its peer answers from a spin of its own, and the spin spares both ends
-// the wake-up. One whose peer is not known to does not: the kernel wakes it, as it would
-// without rstream. For epoll and poll alike.
-class KernelMember : public Pollable
-{
-public:
-    explicit KernelMember(bool peerRunsRstream) : peer_(peerRunsRstream)
-    {
-        if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, fds_) != 0)
-            fds_[0] = fds_[1] = -1;
-    }
-    ~KernelMember() override
-    {
-        for (int fd : fds_)
-            if (fd >= 0)
-                ::close(fd);
-    }
-    bool ok() const { return fds_[0] >= 0; }
-    std::atomic<int> looks{0};
-    int pollEvents(int events) override
-    {
-        looks++;
-        pollfd p{fds_[0], static_cast<short>(events), 0};
-        return ::poll(&p, 1, 0) == 1 ? p.revents : 0;
-    }
-    int prepareWait(std::vector<pollfd> *fds, int events) override
-    {
-        fds->push_back({fds_[0], static_cast<short>(events), 0});
-        return 0;
-    }
-    void addWaiter(int, std::vector<std::shared_ptr<Connection>> *) override {}
-    uint64_t generation(int) override { return 0; }
-    bool peerSpins() override { return peer_; }
-
-private:
-    bool peer_;
-    int fds_[2] = {-1, -1};
-};
-
-std::shared_ptr<KernelMember> gMember;
-std::shared_ptr<Pollable> resolveMember(int fd)
-{
-    return fd == 77 ? gMember : nullptr;
-}
-
-TEST(PeerSpins, AKernelMemberSpinsOnlyWhenItsPeerRunsRstream)
-{
-    for (const bool peer : {false, true}) {
-        SCOPED_TRACE(peer ? "peer runs rstream" : "peer not known to");
-        gMember = std::make_shared<KernelMember>(peer);
-        ASSERT_TRUE(gMember->ok());
-        // The looks at the member in a 30 ms wait with a 2 ms spin: a spin looks again and
-        // again, a wait without one looks before and after its sleep.
-        auto looks = [&](auto &&wait) {
-            gMember->looks = 0;
-            wait();
-            return gMember->looks.load();
-        };
-        const int epfd = ::epoll_create1(EPOLL_CLOEXEC);
-        ASSERT_GE(epfd, 0);
-        {
-            EpollSet set(epfd);
-            epoll_event ev{};
-            ev.events = EPOLLIN;
-            ev.data.fd = 77;
-            ASSERT_EQ(set.ctl(EPOLL_CTL_ADD, 77, &ev, gMember), 0);
-            epoll_event out[2];
-            const int epollLooks =
-                looks([&] { EXPECT_EQ(set.wait(out, 2, 30, nullptr, 2000), 0); });
-            pollfd p{77, POLLIN, 0};
-            const int pollLooks =
-                looks([&] { EXPECT_EQ(pollFds(&p, 1, 30, nullptr, resolveMember, 2000), 0); });
-            if (peer) {
-                EXPECT_GT(epollLooks, 10) << "epoll did not spin";
-                EXPECT_GT(pollLooks, 10) << "poll did not spin";
-            } else {
-                EXPECT_LE(epollLooks, 3) << "epoll spun";
-                EXPECT_LE(pollLooks, 3) << "poll spun";
-            }
-        }
-        ::close(epfd);
-        gMember.reset();
-    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, EpollReady, ::testing::ValuesIn(kModes),
