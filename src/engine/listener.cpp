@@ -190,6 +190,7 @@ int Listener::backgroundAccept(int64_t *deadlineNs)
     }
     if (!listening_)
         return -1;
+    backgroundLooks_.fetch_add(1, std::memory_order_relaxed);
     pumpLocked();
     if (ready_.size() >= backlog_)
         return -1;

@@ -60,6 +60,8 @@ public:
     // more, or -1 when the queue is full or the application holds the listener; lowers
     // *deadlineNs to when it must be called again regardless.
     int backgroundAccept(int64_t *deadlineNs) override;
+    // How many of those calls read the EQ (tests: the thread looks only when requests come).
+    uint64_t backgroundLooks() const { return backgroundLooks_.load(std::memory_order_relaxed); }
     // Connects that can take a Defer refusal (wire::kFlagUpgrade, the shim's) are refused with
     // one (upgrade_wire.h) when they come from another process and this listener has
     // Settings::upgrade, and from any process once it is deferring: which process will serve
@@ -93,6 +95,7 @@ private:
     size_t backlog_ = 1;
     std::atomic<bool> deferring_{false};
     std::atomic<bool> hintArmed_{false};
+    std::atomic<uint64_t> backgroundLooks_{0};
     bool armedClean_ = false; // trywait succeeded, and nothing was read from the EQ since (mutex_)
     std::deque<std::unique_ptr<Connection>> ready_; // handshakes answered, not yet accepted
 };

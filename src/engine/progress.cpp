@@ -144,8 +144,10 @@ void ProgressThread::watchListener(AcceptClient *listener)
         start();
     }
     std::lock_guard<std::mutex> lock(listenersMutex_);
-    if (std::find(listeners_.begin(), listeners_.end(), listener) == listeners_.end())
-        listeners_.push_back(listener);
+    if (std::find_if(listeners_.begin(), listeners_.end(), [listener](const auto &w) {
+            return w.client == listener;
+        }) == listeners_.end())
+        listeners_.push_back({listener});
     uint64_t one = 1;
     if (eventFd_ >= 0 && sys::write(eventFd_, &one, sizeof(one)) < 0) {
         // Already signalled.
@@ -155,7 +157,7 @@ void ProgressThread::watchListener(AcceptClient *listener)
 void ProgressThread::unwatchListener(AcceptClient *listener)
 {
     std::lock_guard<std::mutex> lock(listenersMutex_);
-    std::erase(listeners_, listener);
+    std::erase_if(listeners_, [listener](const auto &w) { return w.client == listener; });
 }
 
 void ProgressThread::unwatch(ProgressClient *conn)
@@ -347,6 +349,7 @@ void ProgressThread::run()
     // Named for top -H, gdb and the tests (at most 15 characters).
     pthread_setname_np(pthread_self(), "rstream-prog");
     std::vector<pollfd> fds;
+    std::vector<std::pair<AcceptClient *, size_t>> polledListeners; // and their fds' index
     std::vector<std::unique_ptr<ProgressClient>> finished;
     for (;;) {
         fds.clear();
@@ -355,13 +358,22 @@ void ProgressThread::run()
         int64_t wakeAt;
         int64_t listenersWakeAt = INT64_MAX;
         bool passiveOpen;
+        polledListeners.clear();
         {
             // Not under mutex_: answering a request creates a connection, which watch()es.
+            // A listener whose fd stayed quiet in the last poll is polled again as it is: its
+            // EQ was read and armed after the last request, and a new one makes the fd readable
+            // (a look was an EQ read and an fi_trywait, two system calls of the provider, for
+            // each listener at every round: each millisecond while a connection had work).
             std::lock_guard<std::mutex> lock(listenersMutex_);
-            for (AcceptClient *l : listeners_) {
-                int fd = l->backgroundAccept(&listenersWakeAt);
-                if (fd >= 0)
-                    fds.push_back({fd, POLLIN, 0});
+            for (WatchedListener &w : listeners_) {
+                if (w.look)
+                    w.fd = w.client->backgroundAccept(&listenersWakeAt);
+                w.look = w.fd < 0; // not polled: looked at again at the next round
+                if (w.fd >= 0) {
+                    polledListeners.emplace_back(w.client, fds.size());
+                    fds.push_back({w.fd, POLLIN, 0});
+                }
             }
         }
         {
@@ -421,6 +433,16 @@ void ProgressThread::run()
                 timeout = static_cast<int>(ms);
         }
         int n = sys::poll(fds.data(), fds.size(), timeout);
+        if (n > 0 && !polledListeners.empty()) {
+            std::lock_guard<std::mutex> lock(listenersMutex_);
+            for (auto [client, at] : polledListeners) {
+                if (!fds[at].revents)
+                    continue;
+                for (WatchedListener &w : listeners_)
+                    if (w.client == client)
+                        w.look = true;
+            }
+        }
         if (n > 0 && (fds[0].revents & POLLIN)) {
             uint64_t v;
             ssize_t r = sys::read(eventFd_, &v, sizeof(v));

@@ -126,7 +126,13 @@ private:
     std::mutex mutex_;
     std::vector<ProgressClient *> watched_;
     std::mutex listenersMutex_; // guards listeners_ and their use by the thread
-    std::vector<AcceptClient *> listeners_;
+    struct WatchedListener
+    {
+        AcceptClient *client;
+        int fd = -1;      // its fd, as its last backgroundAccept() gave it
+        bool look = true; // backgroundAccept() at the next round (else fd is polled as it is)
+    };
+    std::vector<WatchedListener> listeners_;
     std::vector<std::unique_ptr<ProgressClient>> adopted_;
     // The deadline of each connection with a timer, and the same ordered by deadline: a wake-up
     // takes only the timers due (with 4,000 idle connections, walking them all at each one

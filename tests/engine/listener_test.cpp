@@ -3,6 +3,7 @@
 // request at once, with a refusal the client recognises, instead of answering it in a process
 // that may never serve it; turned off again it answers as before.
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "connection.h"
 #include "listener.h"
 #include "net.h"
+#include "progress.h"
 
 using namespace rstream;
 using rstest::loopback4;
@@ -99,6 +101,53 @@ TEST(Listener, ArmedHintSeesEveryRequest)
         client.join();
         EXPECT_EQ(rc, 0);
     }
+}
+
+// The progress thread looks at a listener (an EQ read and an fi_trywait, two system calls of
+// the provider) only when its fd fired: a thread that wakes for other work (here a timer every
+// 10 ms; a connection's pass every millisecond while it has work) leaves a quiet listener be,
+// and every request still gets answered without the application's accept.
+class TickingClient : public ProgressClient
+{
+public:
+    int backgroundProgress(bool *, int64_t *) override { return kProgressDone; }
+    int64_t timerTick(int64_t nowNs, bool *) override
+    {
+        ticks++;
+        return nowNs + 1000000;
+    }
+    bool passiveProgress(bool *) override { return false; }
+    bool closeDelivered() const override { return true; }
+    int waitFd() const override { return -1; }
+    std::atomic<int> ticks{0};
+};
+
+TEST(Listener, TheProgressThreadLooksOnlyWhenRequestsCome)
+{
+    uint16_t port = 0;
+    auto l = listenOnLoopback(&port);
+    ASSERT_TRUE(l);
+    TickingClient ticking;
+    ProgressThread::instance().schedule(&ticking, nowNs());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50)); // its first look, armed
+    for (int round = 0; round < 3; round++) {
+        SCOPED_TRACE(round);
+        const uint64_t looks = l->backgroundLooks();
+        const int ticks = ticking.ticks.load();
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        const int woke = ticking.ticks.load() - ticks;
+        EXPECT_GE(woke, 5) << "the thread did not wake for its timer";
+        EXPECT_LE(l->backgroundLooks() - looks, 1u)
+            << "the thread looked at a quiet listener at its " << woke << " wake-ups";
+        // A request: the thread answers it into the accept queue (a blocking connect completes
+        // without an accept).
+        int64_t ms;
+        ASSERT_EQ(connectTimed(port, &ms, nullptr, false), 0);
+        std::unique_ptr<Connection> c;
+        EXPECT_EQ(l->accept(&c, true), 0);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20)); // armed again
+    }
+    ProgressThread::instance().forget(&ticking, -1);
 }
 
 // A poller's arm before it sleeps is skipped while nothing was read since the last one, and
