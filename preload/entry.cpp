@@ -142,6 +142,18 @@ RS_EXPORT int ioctl(int fd, unsigned long request, ...) noexcept
     return shim().ioctl(RS_CALLER(), fd, request, arg);
 }
 
+// ---- Files ------------------------------------------------------------------------------------
+
+RS_EXPORT FILE *fopen(const char *path, const char *mode)
+{
+    return shim().fopen(path, mode);
+}
+
+RS_EXPORT FILE *fopen64(const char *path, const char *mode)
+{
+    return shim().fopen64(path, mode);
+}
+
 // ---- recv -------------------------------------------------------------------------------------
 
 RS_EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags)

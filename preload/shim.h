@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cxxabi.h>
 #include <fcntl.h>
 #include <memory>
@@ -56,6 +57,8 @@ void *resolveReal(std::atomic<void *> &slot, const char *name, const char *fallb
 
 #define RS_REAL_LIST(X)                                                                            \
     X(socket, nullptr)                                                                             \
+    X(fopen, nullptr)                                                                              \
+    X(fopen64, nullptr)                                                                            \
     X(socketpair, nullptr)                                                                         \
     X(bind, nullptr)                                                                               \
     X(listen, nullptr)                                                                             \

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "fabric.h"
 #include "shim.h"
 
 namespace rstream::shim {
@@ -54,6 +55,10 @@ public:
     int fcntl(const void *ra, int fd, int cmd, void *arg);
     int fcntl64(const void *ra, int fd, int cmd, void *arg);
     int ioctl(const void *ra, int fd, unsigned long request, void *arg);
+
+    // ---- Files (inline): a file libfabric is better without (fabricHidesFile) ----
+    FILE *fopen(const char *path, const char *mode);
+    FILE *fopen64(const char *path, const char *mode);
 
     // ---- Data (shim_data.cpp; the per-message calls inline) ----
     ssize_t recv(const void *ra, int fd, void *buf, size_t len, int flags);
@@ -222,6 +227,24 @@ inline int Shim::close(const void *ra, int fd)
     if (__builtin_expect(tDepth == 0 && tracked(fd), 0) && !internalAddress(ra))
         releaseFd(fd);
     return real.close()(fd);
+}
+
+inline FILE *Shim::fopen(const char *path, const char *mode)
+{
+    if (__builtin_expect(fabricHidesFile(path), 0)) {
+        errno = ENOENT;
+        return nullptr;
+    }
+    return real.fopen()(path, mode);
+}
+
+inline FILE *Shim::fopen64(const char *path, const char *mode)
+{
+    if (__builtin_expect(fabricHidesFile(path), 0)) {
+        errno = ENOENT;
+        return nullptr;
+    }
+    return real.fopen64()(path, mode);
 }
 
 inline std::shared_ptr<HybridSocket> Shim::dataSocket(int fd, const void *ra)

@@ -71,6 +71,11 @@ private:
 // libfabric is loaded on first use (fiload.cpp), which takes a while (~0.3 s with its
 // providers). Whether that is over, loaded or not: calls into libfabric no longer wait for it.
 bool fabricLoadDone();
+// Whether a file libfabric opens now, on this thread, is one it does better without: the
+// preload shim's fopen() then says it does not exist. Only /proc/kallsyms, only inside the
+// engine's own calls into libfabric, and only when the program had not loaded libfabric itself
+// (fiload.cpp says why).
+bool fabricHidesFile(const char *path);
 // The loaded libfabric's fi_version() (it loads it if not yet); 0 if it could not be loaded.
 uint32_t fabricLibraryVersion();
 // Loads libfabric and sets up its providers now, on the calling thread, as the first fabric
