@@ -59,6 +59,14 @@ public:
     // ---- Files (inline): a file libfabric is better without (fabricHidesFile) ----
     FILE *fopen(const char *path, const char *mode);
     FILE *fopen64(const char *path, const char *mode);
+    // Whether to say that path does not exist (errno ENOENT set), as fabricHidesFile() asks.
+    static bool hidden(const char *path)
+    {
+        if (__builtin_expect(!fabricHidesFile(path), 1))
+            return false;
+        errno = ENOENT;
+        return true;
+    }
 
     // ---- Data (shim_data.cpp; the per-message calls inline) ----
     ssize_t recv(const void *ra, int fd, void *buf, size_t len, int flags);
@@ -231,20 +239,12 @@ inline int Shim::close(const void *ra, int fd)
 
 inline FILE *Shim::fopen(const char *path, const char *mode)
 {
-    if (__builtin_expect(fabricHidesFile(path), 0)) {
-        errno = ENOENT;
-        return nullptr;
-    }
-    return real.fopen()(path, mode);
+    return hidden(path) ? nullptr : real.fopen()(path, mode);
 }
 
 inline FILE *Shim::fopen64(const char *path, const char *mode)
 {
-    if (__builtin_expect(fabricHidesFile(path), 0)) {
-        errno = ENOENT;
-        return nullptr;
-    }
-    return real.fopen64()(path, mode);
+    return hidden(path) ? nullptr : real.fopen64()(path, mode);
 }
 
 inline std::shared_ptr<HybridSocket> Shim::dataSocket(int fd, const void *ra)
