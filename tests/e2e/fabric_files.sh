@@ -9,7 +9,7 @@ set -euo pipefail
 need python3 strace
 
 cat >"$work/files.py" <<'EOF'
-import ctypes, socket
+import ctypes, socket, sys
 libc = ctypes.CDLL(None)
 libc.fopen.restype = ctypes.c_void_p
 libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
@@ -25,18 +25,29 @@ def own_look(when):
 
 own_look("before")
 s = socket.socket()
-s.bind(("127.0.0.1", 0))
+s.bind(("127.0.0.1", int(sys.argv[1])))
 s.listen()  # the shim's listener: libfabric loads, and its fabric listener is made
 own_look("after")
 s.close()
 EOF
 
-out=$(shim files 60 strace -f -qq -e trace=openat -o "$work/files.strace" \
-	python3 "$work/files.py") || fail "the program failed: $out"
+# A free port whose fabric port is free too (an ephemeral port's fabric port may be a port that
+# a test running beside this one uses); another when a process took it meanwhile. The shim logs
+# why a listener got no fabric side (info level).
+for attempt in 1 2 3; do
+	rm -f "$work"/stats/files.*.json "$work"/files.*.log
+	port=$(pick_port "$E2E_OFFSET") || fail "no free port"
+	out=$(RSTREAM_LOG=info RSTREAM_LOG_FILE="$work/files.%p.log" \
+		shim files 60 strace -f -qq -e trace=openat -o "$work/files.strace" \
+		python3 "$work/files.py" "$port") || fail "the program failed: $out"
+	why=$(cat "$work"/files.*.log 2>/dev/null | grep 'kernel TCP only' || true)
+	grep -q 'Address already in use' <<<"$why" || break
+	log "port $port or its fabric port was taken meanwhile (attempt $attempt)"
+done
 printf "    %s\n" "${out//$'\n'/$'\n    '}"
 grep -qx "own fopen before: read" <<<"$out" || fail "the program's fopen before the load failed"
 grep -qx "own fopen after: read" <<<"$out" || fail "the program's fopen after the load failed"
-[ "$(stat_sum files fabric_listeners)" -eq 1 ] || fail "no fabric listener: libfabric not usable"
+[ "$(stat_sum files fabric_listeners)" -eq 1 ] || fail "no fabric listener: ${why:-no reason logged}"
 grep -q 'libfabric\.so' "$work/files.strace" || fail "libfabric was not loaded"
 opens=$(grep -c 'openat(AT_FDCWD, "/proc/kallsyms"' "$work/files.strace" || true)
 log "/proc/kallsyms opened $opens times (the program's own 2; libfabric's would be 2 more)"
