@@ -96,15 +96,22 @@ std::shared_ptr<Socket> HybridSocket::socket()
 // The connection's record (and what it moved) goes with record_.
 HybridSocket::~HybridSocket()
 {
+    dropBeaconsLocked();
+    if (pendingUl_)
+        pendingUl_->forget(pendingToken_); // a token nobody will claim
+}
+
+void HybridSocket::dropBeaconsLocked()
+{
     closeBeacon(beaconFd_, reinterpret_cast<sockaddr *>(&beaconAddr_));
+    beaconFd_ = -1;
     if (beaconFd4_ >= 0) {
         sockaddr_in v4{};
         v4.sin_family = AF_INET;
         v4.sin_port = reinterpret_cast<sockaddr_in6 *>(&beaconAddr_)->sin6_port;
         closeBeacon(beaconFd4_, reinterpret_cast<sockaddr *>(&v4));
+        beaconFd4_ = -1;
     }
-    if (pendingUl_)
-        pendingUl_->forget(pendingToken_); // a token nobody will claim
 }
 
 void HybridSocket::setNonblocking(bool on)
@@ -391,8 +398,16 @@ void HybridSocket::onFdClosed(int fd)
     // its copy); the process that does counts it.
     if (mode() != Mode::Kernel || upgradePending())
         return;
-    if (fd == fd_)
+    if (fd == fd_) {
         countFallbackIfEstablished();
+        bool connected;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            connected = fallbackCounted_;
+        }
+        if (!connected)
+            forgetRefusal();
+    }
     // What the kernel moved, while a descriptor of it is still open.
     std::lock_guard<std::mutex> lock(mutex_);
     if (record_)

@@ -378,6 +378,8 @@ private:
     sockaddr_storage listenLocal_{}; // a listener's, when bound to one address (mutex_)
     socklen_t listenLocalLen_ = 0;
     bool fallbackCounted_ = false;
+    std::string refusedKey_; // the fabric destination that refused this kernel connection
+    void forgetRefusal();    // its negative cache entry goes: nothing listened at all
     Fallback fallback_ = Fallback::None; // why this socket (or listener) is on kernel TCP
     bool kernelListener_ = false;
     std::unique_ptr<ConnRecord> record_; // once connected: statistics and the live export
@@ -391,7 +393,8 @@ private:
     int beaconFd_ = -1;  // a listener's beacon (hybrid_probe.cpp)
     int beaconFd4_ = -1; // and a dual-stack one's for IPv4 clients
     sockaddr_storage beaconAddr_{};
-    bool noFabric_ = false; // inherited across fork: kernel TCP only
+    void dropBeaconsLocked(); // closes both beacons (mutex_ held, or the last reference)
+    bool noFabric_ = false;   // inherited across fork: kernel TCP only
     int rcvTimeoutMs_ = -1;
     std::atomic<bool> acceptFabricFirst_{true};
     std::atomic<Upgrade> upgrade_{Upgrade::None};

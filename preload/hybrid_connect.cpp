@@ -184,9 +184,13 @@ int HybridSocket::connect(const sockaddr *addr, socklen_t len)
                         ? LightProbe::run(reinterpret_cast<sockaddr *>(&dest), len,
                                           config_.connectTimeoutMs)
                         : 0;
-                if (r == 0 && deferred)
+                // A beacon there now: a shim listener made its fabric side since the look above
+                // (its beacon comes next, then its kernel port listens).
+                if (r == 0 && (deferred || shimListenerHere(addr))) {
+                    noteEngineUsed();
                     return connectKernel(addr, len, inet, Fallback::NotUpgraded, port, key, 0,
                                          true);
+                }
                 // Something listens there, and only a fabric attempt can tell what. On this
                 // host every shim listener has a beacon, so it is none of ours: with libfabric
                 // still to load (about 0.3 s), this connection does not wait for it (kernel
@@ -253,6 +257,8 @@ int HybridSocket::connectKernel(const sockaddr *addr, socklen_t len, bool inet, 
     {
         std::lock_guard<std::mutex> lock(mutex_);
         fallback_ = why;
+        if (why == Fallback::Refused)
+            refusedKey_ = key;
         if (offer) {
             // The listener's process runs the shim and deferred: the upgrade is offered in-band
             // at the first I/O, to the address the application connected to.
@@ -278,6 +284,8 @@ int HybridSocket::connectKernel(const sockaddr *addr, socklen_t len, bool inet, 
         if (err == EINPROGRESS) {
             std::lock_guard<std::mutex> lock(mutex_);
             recordKernelLocked(addr, len);
+        } else if (err == ECONNREFUSED) {
+            forgetRefusal();
         }
         return -err;
     }
@@ -295,6 +303,22 @@ int HybridSocket::connectKernel(const sockaddr *addr, socklen_t len, bool inet, 
     }
     countFallbackIfEstablished();
     return 0;
+}
+
+// A destination that refused both the fabric and kernel TCP had nothing listening at all: a
+// server still starting, and a client that retries until it is up. That refusal says nothing
+// of the server to come, so it is not remembered: cached, it kept the client's connections to
+// the server on kernel TCP for RSTREAM_NEGATIVE_CACHE_MS once it was up. (A nonblocking
+// connect's refusal shows at its close, as one that never connected.)
+void HybridSocket::forgetRefusal()
+{
+    std::string key;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        key.swap(refusedKey_);
+    }
+    if (!key.empty())
+        negativeCache().remove(key);
 }
 
 int HybridSocket::startFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out)
@@ -363,7 +387,7 @@ void HybridSocket::settleSlow()
     if (!tentative_.load(std::memory_order_acquire))
         return;
     std::shared_ptr<Socket> s;
-    sockaddr_storage dest{};
+    sockaddr_storage dest{}, addr{};
     socklen_t destLen = 0;
     int probed = 1; // no light probe
     bool cachedOffer = false;
@@ -373,6 +397,7 @@ void HybridSocket::settleSlow()
         s = sock_;
         if (!s && pending_) {
             dest = pending_->dest;
+            addr = pending_->addr;
             destLen = pending_->len;
             if (pending_->probe) {
                 probed = pending_->probe->status();
@@ -383,6 +408,11 @@ void HybridSocket::settleSlow()
             }
         }
     }
+    // Something listens there, and a beacon there now (a shim listener made its fabric side
+    // since the connect looked: its beacon comes next, then its kernel port listens): the
+    // upgrade is offered in-band, as at a connect that sees the beacon.
+    if (probed == 0 && !cachedOffer && shimListenerHere(reinterpret_cast<sockaddr *>(&addr)))
+        cachedOffer = true;
     int st;
     if (probed < 0) {
         st = probed; // nothing listens on the fabric port: kernel TCP, libfabric never loaded

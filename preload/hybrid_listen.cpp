@@ -24,21 +24,29 @@ int HybridSocket::listen(int backlog)
         return -EINVAL;
     if (m == Mode::Inherited)
         return -EIO;
-    if (int r = sys::listen(fd_, backlog); r < 0)
-        return r;
     if (m == Mode::Listener || m == Mode::Kernel)
-        return 0; // a new backlog for the kernel; the fabric listener keeps its own
-    // The kernel picked the port if the application did not bind one.
+        return sys::listen(fd_, backlog); // a new backlog for the kernel; the fabric keeps its own
+    // The fabric listener and its beacon are made before the kernel socket listens, so that a
+    // client that reaches the port finds them. Made after (libfabric's load takes about 0.3 s),
+    // a client started as soon as the port answered (a script that waits for the port) found
+    // neither: its fabric attempt was refused, and the negative cache kept all its connections
+    // on kernel TCP for RSTREAM_NEGATIVE_CACHE_MS. An unbound socket gets its port from listen()
+    // itself: the kernel listens first there (clients learn that port once listen() returns).
     sockaddr_storage local{};
     socklen_t llen = sizeof(local);
     if (int r = sys::getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen); r < 0)
         return r;
+    bool kernelListens = false;
+    if (addressPort(reinterpret_cast<sockaddr *>(&local)) == 0) {
+        if (int r = sys::listen(fd_, backlog); r < 0)
+            return r;
+        kernelListens = true;
+        llen = sizeof(local);
+        if (int r = sys::getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen); r < 0)
+            return r;
+    }
     int port = addressPort(reinterpret_cast<sockaddr *>(&local));
     int fport = config_.fabricPort(port);
-    if (specificAddress(reinterpret_cast<sockaddr *>(&local), llen)) {
-        listenLocal_ = local; // accepted connections have it as theirs
-        listenLocalLen_ = llen;
-    }
     std::shared_ptr<Socket> s;
     Fallback why = Fallback::None;
     int err = 0;
@@ -64,6 +72,37 @@ int HybridSocket::listen(int backlog)
             s.reset();
         }
     }
+    int beacon = -1, beacon4 = -1;
+    if (s) {
+        beacon = openBeacon(reinterpret_cast<sockaddr *>(&local));
+        if (local.ss_family == AF_INET6) {
+            // Dual-stack unless IPV6_V6ONLY: IPv4 clients reach it as 0.0.0.0 too.
+            int only = 1;
+            socklen_t olen = sizeof(only);
+            auto *a6 = reinterpret_cast<sockaddr_in6 *>(&local);
+            if (IN6_IS_ADDR_UNSPECIFIED(&a6->sin6_addr) &&
+                sys::getsockopt(fd_, IPPROTO_IPV6, IPV6_V6ONLY, &only, &olen) == 0 && !only) {
+                sockaddr_in v4{};
+                v4.sin_family = AF_INET;
+                v4.sin_port = a6->sin6_port;
+                beacon4 = openBeacon(reinterpret_cast<sockaddr *>(&v4));
+            }
+        }
+    }
+    if (!kernelListens) {
+        if (int r = sys::listen(fd_, backlog); r < 0) {
+            // Nothing of it stays: the program may bind elsewhere and listen again.
+            beaconAddr_ = local;
+            beaconFd_ = beacon;
+            beaconFd4_ = beacon4;
+            dropBeaconsLocked();
+            return r; // s, the fabric listener, closes as it goes
+        }
+    }
+    if (specificAddress(reinterpret_cast<sockaddr *>(&local), llen)) {
+        listenLocal_ = local; // accepted connections have it as theirs
+        listenLocalLen_ = llen;
+    }
     if (!s) {
         fallback_ = why;
         kernelListener_ = true;
@@ -82,20 +121,8 @@ int HybridSocket::listen(int backlog)
     sock_ = std::move(s);
     appPort_ = port;
     beaconAddr_ = local;
-    beaconFd_ = openBeacon(reinterpret_cast<sockaddr *>(&local));
-    if (local.ss_family == AF_INET6) {
-        // Dual-stack unless IPV6_V6ONLY: IPv4 clients reach it as 0.0.0.0 too.
-        int only = 1;
-        socklen_t olen = sizeof(only);
-        auto *a6 = reinterpret_cast<sockaddr_in6 *>(&local);
-        if (IN6_IS_ADDR_UNSPECIFIED(&a6->sin6_addr) &&
-            sys::getsockopt(fd_, IPPROTO_IPV6, IPV6_V6ONLY, &only, &olen) == 0 && !only) {
-            sockaddr_in v4{};
-            v4.sin_family = AF_INET;
-            v4.sin_port = a6->sin6_port;
-            beaconFd4_ = openBeacon(reinterpret_cast<sockaddr *>(&v4));
-        }
-    }
+    beaconFd_ = beacon;
+    beaconFd4_ = beacon4;
     countListener(true);
     mode_.store(Mode::Listener, std::memory_order_release);
     RS_LOG_FD(Debug, fd_, "listening on port %d: kernel TCP and fabric port %d", port, fport);
