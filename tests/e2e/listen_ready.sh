@@ -16,7 +16,7 @@ need python3
 echo_server=$(dirname "$0")/echo_server.py
 
 # retry.py PORT MODE: connects (MODE blocking or nonblocking) every 10 ms until the server
-# answers (20 s at most), then echoes 16 KiB 100 times, 20 ms apart (a connection switches to
+# answers (20 s at most), then echoes 16 KiB 50 times, 20 ms apart (a connection switches to
 # the fabric once it has lasted 50 ms and its process has loaded libfabric).
 cat >"$work/retry.py" <<'EOF'
 import errno, os, select, socket, sys, time
@@ -39,7 +39,7 @@ while True:
     time.sleep(0.01)
 s.setblocking(True)
 s.settimeout(20)
-for _ in range(100):
+for _ in range(50):
     time.sleep(0.02)
     out = os.urandom(16384)
     s.sendall(out)
@@ -50,14 +50,14 @@ for _ in range(100):
         got += chunk
     assert got == out, "the echo differs"
 s.close()
-print("connected after %d refusals, echoed 1.6 MB" % refused)
+print("connected after %d refusals, echoed 800 KiB" % refused)
 EOF
 
 for mode in blocking nonblocking; do
 	port=$(pick_port "$E2E_OFFSET") || fail "no free port"
 	start client-$mode shim client-$mode 40 python3 "$work/retry.py" "$port" "$mode"
 	client_pid=$last_pid
-	sleep 0.5
+	sleep 0.3
 	start server-$mode shim server-$mode 60 python3 "$echo_server" 127.0.0.1 "$port"
 	server_pid=$last_pid
 	finish "$client_pid" || fail "$mode client: $(tail -n 3 "$work/client-$mode.log")"
