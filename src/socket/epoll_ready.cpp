@@ -115,7 +115,8 @@ void EpollSet::forgetAfterForkLocked()
 
 void EpollSet::watchLocked(Entry &e, const std::shared_ptr<Connection> &c)
 {
-    if (e.connRaw == c.get())
+    // A connection at the address of one that has gone is another: watched anew.
+    if (e.connRaw == c.get() && !e.conn.expired())
         return;
     unwatchLocked(e);
     if (!readyLocked())

@@ -243,14 +243,31 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
             migrateLocked(index_[e->fd]); // closed, or fell back to kernel TCP
             continue;
         }
-        // The watch first: what changes after the look marks the entry once it is parked.
-        if (std::shared_ptr<Connection> c = s->hintConnection())
-            watchLocked(*e, c);
+        // The watch first: what changes after the look marks the entry once it is parked. An
+        // entry that watches a live connection already asks its socket for its connection only
+        // when the look touched another one (or none): then it watches that one and looks
+        // again. Asking at every look took two locks and two reference counts for each member
+        // of each wait, a seventh of a same-host client's time (wrk, 25 connections a thread).
+        // (The weak reference keeps the watched connection's address from being reused.)
+        const bool watching = e->connRaw && !e->conn.expired();
+        if (!watching)
+            if (std::shared_ptr<Connection> c = s->hintConnection())
+                watchLocked(*e, c);
         Connection::clearLook();
         e->edgeSinceLook = false; // what fired before this look, the look sees
         looks_.fetch_add(1, std::memory_order_relaxed);
-        const int rev = s->pollEvents(static_cast<int>(toPoll(e->events)));
-        const WatchLook look = Connection::lastLook();
+        const int interest = static_cast<int>(toPoll(e->events));
+        int rev = s->pollEvents(interest);
+        WatchLook look = Connection::lastLook();
+        if (watching && look.conn != e->connRaw) {
+            std::shared_ptr<Connection> c = s->hintConnection();
+            if (c && c.get() != e->connRaw) {
+                watchLocked(*e, c);
+                Connection::clearLook();
+                rev = s->pollEvents(interest);
+                look = Connection::lastLook();
+            }
+        }
         e->looked = e->connRaw && look.conn == e->connRaw;
         e->lookSeq = look.seq;
         bool report = rev != 0;

@@ -374,6 +374,80 @@ TEST_P(EpollReady, OnlyAWaitOnAConnectionSpins)
     EXPECT_GT(calls(2000), 3) << "a wait with a connection did not spin";
 }
 
+// A member as the program's socket, counting how often a wait asks it for its connection.
+class CountingMember : public Pollable
+{
+public:
+    explicit CountingMember(std::shared_ptr<Socket> s) : s_(std::move(s)) {}
+    int pollEvents(int events) override { return s_->pollEvents(events); }
+    int prepareWait(std::vector<pollfd> *fds, int events) override
+    {
+        return s_->prepareWait(fds, events);
+    }
+    void addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered) override
+    {
+        s_->addWaiter(eventFd, registered);
+    }
+    uint64_t generation(int events) override { return s_->generation(events); }
+    std::shared_ptr<Connection> hintConnection() override
+    {
+        asks++;
+        return s_->hintConnection();
+    }
+    std::atomic<int> asks{0};
+
+private:
+    std::shared_ptr<Socket> s_;
+};
+
+// A member whose connection the set watches already is not asked for its connection at each
+// look (two locks and two reference counts for each member of each wait, a seventh of a
+// same-host client's time): its look says which connection it touched. It is still woken for
+// every message, in waits that sleep and in waits that look.
+TEST_P(EpollReady, AWatchedMemberIsNotAskedForItsConnectionAtEachLook)
+{
+    connectPairs(1);
+    ASSERT_EQ(set_->ctl(EPOLL_CTL_DEL, 1000, nullptr, pairs_[0].second), 0);
+    auto member = std::make_shared<CountingMember>(pairs_[0].second);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = 7;
+    ASSERT_EQ(set_->ctl(EPOLL_CTL_ADD, 2000, &ev, member), 0);
+    epoll_event out[4];
+    constexpr int kRounds = 30;
+    for (int i = 0; i < kRounds; i++) {
+        // Looks that find nothing, then a message that a sleeping wait (odd rounds) or a
+        // looking one (even rounds) reports.
+        for (int k = 0; k < 3; k++)
+            ASSERT_EQ(set_->wait(out, 4, 0, nullptr, 0), 0);
+        if (i % 2) {
+            std::thread sender([&] {
+                std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                sendByte(*pairs_[0].first);
+            });
+            ASSERT_EQ(set_->wait(out, 4, 5000, nullptr, 0), 1) << "round " << i;
+            sender.join();
+        } else {
+            sendByte(*pairs_[0].first);
+            int n = 0;
+            for (int t = 0; t < 5000 && n == 0; t++) {
+                n = set_->wait(out, 4, 0, nullptr, 0);
+                if (n == 0)
+                    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
+            ASSERT_EQ(n, 1) << "round " << i;
+        }
+        EXPECT_EQ(out[0].data.u64, 7u);
+        char b;
+        iovec v{&b, 1};
+        ASSERT_EQ(pairs_[0].second->recv(&v, 1, 0), 1);
+    }
+    // The first look asks (nothing is watched yet); a look of the program's thread may meet
+    // the set unready once. Every look asked before (68 and 149 times here).
+    EXPECT_LE(member->asks.load(), 3) << "asked for its connection " << member->asks.load()
+                                      << " times in " << kRounds << " rounds";
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, EpollReady, ::testing::ValuesIn(kModes),
                          [](const auto &p) { return std::string(p.param.name); });
 
