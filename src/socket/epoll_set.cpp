@@ -248,7 +248,8 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
         // when the look touched another one (or none): then it watches that one and looks
         // again. Asking at every look took two locks and two reference counts for each member
         // of each wait, a seventh of a same-host client's time (wrk, 25 connections a thread).
-        // (The weak reference keeps the watched connection's address from being reused.)
+        // (An address is the watched connection's only while that lives: the weak reference
+        // says so, before the look and after it.)
         const bool watching = e->connRaw && !e->conn.expired();
         if (!watching)
             if (std::shared_ptr<Connection> c = s->hintConnection())
@@ -259,9 +260,9 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
         const int interest = static_cast<int>(toPoll(e->events));
         int rev = s->pollEvents(interest);
         WatchLook look = Connection::lastLook();
-        if (watching && look.conn != e->connRaw) {
+        if (watching && (look.conn != e->connRaw || e->conn.expired())) {
             std::shared_ptr<Connection> c = s->hintConnection();
-            if (c && c.get() != e->connRaw) {
+            if (c && (c.get() != e->connRaw || e->conn.expired())) {
                 watchLocked(*e, c);
                 Connection::clearLook();
                 rev = s->pollEvents(interest);
