@@ -400,13 +400,7 @@ void HybridSocket::onFdClosed(int fd)
         return;
     if (fd == fd_) {
         countFallbackIfEstablished();
-        bool connected;
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            connected = fallbackCounted_;
-        }
-        if (!connected)
-            forgetRefusal();
+        forgetRefusal();
     }
     // What the kernel moved, while a descriptor of it is still open.
     std::lock_guard<std::mutex> lock(mutex_);

@@ -379,7 +379,7 @@ private:
     socklen_t listenLocalLen_ = 0;
     bool fallbackCounted_ = false;
     std::string refusedKey_; // the fabric destination that refused this kernel connection
-    void forgetRefusal();    // its negative cache entry goes: nothing listened at all
+    void forgetRefusal();    // unless it connected, its negative cache entry goes
     Fallback fallback_ = Fallback::None; // why this socket (or listener) is on kernel TCP
     bool kernelListener_ = false;
     std::unique_ptr<ConnRecord> record_; // once connected: statistics and the live export

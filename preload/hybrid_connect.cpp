@@ -316,6 +316,8 @@ void HybridSocket::forgetRefusal()
     {
         std::lock_guard<std::mutex> lock(mutex_);
         key.swap(refusedKey_);
+        if (fallbackCounted_)
+            return; // it connected after all: something listens on kernel TCP there
     }
     if (!key.empty())
         negativeCache().remove(key);
