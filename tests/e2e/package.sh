@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# The Debian packages: scripts/package builds them from the tree, dpkg installs them, and the
-# installed files alone must work: the installed rstream-run preloads the installed shim into an
-# iperf3 server and client whose statistics show the fabric, and an rsocket echo program builds
-# with "pkg-config --cflags --libs rstream" and runs. The packages are purged on every way out.
+# The Debian packages: scripts/package builds them from the tree (e2e_package_build, beside the
+# other tests, or this test itself), dpkg installs them, and the installed files alone must work:
+# the installed rstream-run preloads the installed shim into an iperf3 server and client whose
+# statistics show the fabric, and an rsocket echo program builds with "pkg-config --cflags --libs
+# rstream" and runs. The packages are purged on every way out.
 # Skips when the packaging tools are missing, when not root, and when rstream is installed
 # already (packages this test did not install, or a meson install in /usr/local, whose headers
 # and library the compiler and the loader would take first).
@@ -90,18 +91,22 @@ unmet=$(cd "$root" && dpkg-checkbuilddeps 2>&1) || skip "$unmet"
 multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 libdir=/usr/lib/$multiarch
 
-# The packaging, not the compiler's output, is under test: no -dbgsym packages, no -g (dh_strip
-# would remove it anyway, and it costs a fifth of the compile) and no optimization (noopt:
-# dpkg-buildflags' -O0, half the compile of -O2; the build's tests run the optimized code).
-# meson test's MALLOC_PERTURB_ would slow the compiler down. No timeout of our own: it would
-# move the build out of the process group that meson stops on its timeout.
-log "building the packages"
-env -u MALLOC_PERTURB_ DEB_BUILD_OPTIONS="nocheck noopt parallel=$(nproc) noautodbgsym" \
-	DEB_CXXFLAGS_STRIP=-g "$root/scripts/package" "$work/out" >"$work/package.log" 2>&1 ||
-	fail "scripts/package failed"
-mapfile -t debs < <(printf '%s\n' "$work"/out/*.deb)
+# The packages e2e_package_build built beside the other tests, when they are this tree's; built
+# here otherwise.
+out=${RSTREAM_PACKAGE_OUT:?RSTREAM_PACKAGE_OUT names the folder e2e_package_build fills}
+if [ -f "$out/fingerprint" ] &&
+	[ "$(cat "$out/fingerprint")" = "$("$(dirname "$0")/package_fingerprint.sh" "$root")" ]; then
+	log "the packages e2e_package_build built from this tree"
+else
+	log "no packages of this tree from e2e_package_build: building them"
+	"$(dirname "$0")/package_build.sh" "$E2E_LIB" "$E2E_RUN" --inline >"$work/build.log" 2>&1 ||
+		fail "package_build.sh failed"
+fi
+# Used once: a later run installs only what was built for it.
+mv "$out" "$work/out"
+mapfile -t debs < <(printf '%s\n' "$work"/out/debs/*.deb)
 [ "${#debs[@]}" -eq "${#packages[@]}" ] || fail "expected ${#packages[@]} packages: ${debs[*]}"
-log "built: $(cd "$work/out" && echo *.deb)"
+log "packages: $(cd "$work/out/debs" && echo *.deb)"
 # dpkg would overwrite files that no package owns, and the purge remove them.
 for deb in "${debs[@]}"; do
 	while read -r f; do
