@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# The Debian packages: scripts/package builds them from the tree (e2e_package_build, beside the
-# other tests, or this test itself), dpkg installs them, and the installed files alone must work:
-# the installed rstream-run preloads the installed shim into an iperf3 server and client whose
-# statistics show the fabric, and an rsocket echo program builds with "pkg-config --cflags --libs
-# rstream" and runs. The packages are purged on every way out.
+# The Debian packages: scripts/package builds them from the tree (package_build.sh, which
+# scripts/test starts beside the other tests, or this test itself), dpkg installs them, and the
+# installed files alone must work: the installed rstream-run preloads the installed shim into an
+# iperf3 server and client whose statistics show the fabric, and an rsocket echo program builds
+# with "pkg-config --cflags --libs rstream" and runs. The packages are purged on every way out.
 # Skips when the packaging tools are missing, when not root, and when rstream is installed
 # already (packages this test did not install, or a meson install in /usr/local, whose headers
 # and library the compiler and the loader would take first).
@@ -91,14 +91,17 @@ unmet=$(cd "$root" && dpkg-checkbuilddeps 2>&1) || skip "$unmet"
 multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 libdir=/usr/lib/$multiarch
 
-# The packages e2e_package_build built beside the other tests, when they are this tree's; built
+# The packages package_build.sh built beside the other tests, when they are this tree's; built
 # here otherwise.
-out=${RSTREAM_PACKAGE_OUT:?RSTREAM_PACKAGE_OUT names the folder e2e_package_build fills}
+out=${RSTREAM_PACKAGE_OUT:?RSTREAM_PACKAGE_OUT names the folder package_build.sh fills}
+# A build under way (scripts/test's) ends first.
+exec 8>"$out.lock"
+flock -w 300 8 || fail "the build of the packages under way did not end in 300 s"
 if [ -f "$out/fingerprint" ] &&
 	[ "$(cat "$out/fingerprint")" = "$("$(dirname "$0")/package_fingerprint.sh" "$root")" ]; then
-	log "the packages e2e_package_build built from this tree"
+	log "the packages built beside the other tests, from this tree"
 else
-	log "no packages of this tree from e2e_package_build: building them"
+	log "no packages of this tree built beside the other tests: building them"
 	"$(dirname "$0")/package_build.sh" "$E2E_LIB" "$E2E_RUN" --inline >"$work/build.log" 2>&1 ||
 		fail "package_build.sh failed"
 fi

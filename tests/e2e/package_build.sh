@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Builds the Debian packages for e2e_package (package.sh) at the lowest CPU priority, while the
-# other tests run: the build is the package test's 95 s, and it only needs the CPU time those
-# tests leave idle. e2e_package installs what this leaves in $RSTREAM_PACKAGE_OUT, with the
-# fingerprint of the tree it was built from, and builds by itself when the fingerprint is not its
-# tree's (this test not run first, failed, or run on other sources).
+# other tests run (scripts/test starts it): the build is the package test's 95 s, and it only
+# needs the CPU time those tests leave idle. e2e_package installs what this leaves in
+# $RSTREAM_PACKAGE_OUT, with the fingerprint of the tree it was built from, once the build is
+# over (it holds $RSTREAM_PACKAGE_OUT.lock meanwhile), and builds by itself when the fingerprint
+# is not its tree's (no build started, a failed one, or other sources).
 # Usage: package_build.sh LIBRSTREAM_PRELOAD_SO RSTREAM_RUN [--inline]
-# (--inline: package.sh's own build, at the normal priority)
+# (--inline: package.sh's own build, at the normal priority, under its lock)
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -15,12 +16,16 @@ out=${RSTREAM_PACKAGE_OUT:?RSTREAM_PACKAGE_OUT names the folder the packages go 
 niceness=19
 [ "${3:-}" != --inline ] || niceness=0
 
-need dpkg-buildpackage dh dpkg-checkbuilddeps
+need dpkg-buildpackage dh dpkg-checkbuilddeps flock nice
 [ "$(id -u)" -eq 0 ] || { echo "SKIP: e2e_package needs root, and builds by itself"; exit 77; }
 unmet=$(cd "$root" && dpkg-checkbuilddeps 2>&1) || { echo "SKIP: $unmet"; exit 77; }
 
 # The fingerprint of what scripts/package packs: the files git lists (tracked, and untracked
 # ones it does not ignore), their names and contents.
+if [ "${3:-}" != --inline ]; then
+	exec 8>"$out.lock"
+	flock -n 8 || { echo "SKIP: another build of the packages is under way"; exit 77; }
+fi
 fingerprint=$("$(dirname "$0")/package_fingerprint.sh" "$root")
 rm -rf "$out" "$out.tmp"
 mkdir -p "$out.tmp"
