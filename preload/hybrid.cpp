@@ -97,8 +97,10 @@ std::shared_ptr<Socket> HybridSocket::socket()
 HybridSocket::~HybridSocket()
 {
     dropBeaconsLocked();
-    if (pendingUl_)
+    if (pendingUl_) {
         pendingUl_->forget(pendingToken_); // a token nobody will claim
+        dropLinkLocked();
+    }
 }
 
 void HybridSocket::dropBeaconsLocked()

@@ -291,6 +291,16 @@ private:
     // Starts a nonblocking fabric connect (0 or -EINPROGRESS with *out set, else -errno);
     // connectFabric also waits for it, bounded by the connect timeout.
     int startFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out);
+    // The switch over a same-host link set up in-band (hybrid_link.cpp). Client: true when
+    // the switch goes on over a link it sent (or gave up on sending one), false for the fabric.
+    bool lateLinkLocked();
+    // Server: whether its client may send a link (noted at the HELLO), the link claimed by the
+    // ACCEPT's token (null: none yet), and one dropped when the server gives up.
+    void noteLinkPossible(const UpgradeListener &ul);
+    std::shared_ptr<Socket> claimLinkLocked();
+    void dropLinkLocked();
+    std::shared_ptr<Socket> linkSocketLocked(std::unique_ptr<SameHostLink> link,
+                                             const Settings &settings);
     int connectFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out);
     // The engine socket and the mode, read together.
     std::pair<std::shared_ptr<Socket>, Mode> snapshot();
@@ -425,6 +435,10 @@ private:
     uint8_t lateBuf_[9] = {};
     size_t lateBufLen_ = 0;
     uint16_t latePort_ = 0;                     // client: the server's fabric port
+    bool lateLinkTried_ = false;                // client: a same-host link was tried
+    bool lateLink_ = false;                     // client: upSock_ is a same-host link's
+    bool linkPossible_ = false;                 // server: the client may send a link
+    int64_t linkLookMs_ = 0;                    // server: when the inbox is looked at next
     int64_t lateSinceMs_ = 0;                   // client: when the HELLO went
     sockaddr_storage lateLocal_{}, latePeer_{}; // the kernel connection's, when the switch began
                                                 // (the client's fabric connect, the server's claim)

@@ -14,6 +14,10 @@ namespace rstream::shim {
 // The fabric is about to be used by this process (see engineUsed()).
 void noteEngineUsed();
 
+// How long a client's connection runs before it switches (loads libfabric, or tries a same-host
+// link: see LateLoad in hybrid_late.cpp).
+constexpr int64_t kLoadDelayMs = 50;
+
 // How long a server that has not written holds its ACCEPT back (hybrid_upgrade_server.cpp):
 // well within the time a client lets a connection run before it switches (kLoadDelayMs).
 constexpr int64_t kAcceptDelayMs = 20;

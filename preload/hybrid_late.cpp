@@ -2,9 +2,10 @@
 // The late switch (upgrade_wire.h): a client whose libfabric is still loading when the server
 // accepts its upgrade does not wait for it. Both ends carry on over kernel TCP at once, counting
 // the application bytes each writes and reads there, and move to the fabric mid-stream once the
-// client's fabric is ready: each side declares how much it wrote over kernel TCP, writes only on
-// the fabric from then on, and reads the kernel connection up to the other's count before
-// reading the fabric. Nothing is framed or held back, and no call waits for the switch.
+// client's fabric is ready (or a same-host link is up: hybrid_link.cpp): each side declares how
+// much it wrote over kernel TCP, writes only on the fabric from then on, and reads the kernel
+// connection up to the other's count before reading the fabric. Nothing is framed or held
+// back, and no call waits for the switch. Readiness while it runs: hybrid_poll.cpp.
 
 #include "hybrid.h"
 
@@ -26,9 +27,6 @@
 namespace rstream::shim {
 
 namespace {
-
-// How long a connection runs before it loads libfabric for its switch (see LateLoad).
-constexpr int64_t kLoadDelayMs = 50;
 
 constexpr size_t kServerCountSize = 1 + 8; // the ack and M
 constexpr size_t kClientCountSize = 8;     // N
@@ -53,6 +51,7 @@ void HybridSocket::serverGiveUpLocked(const char *why)
         pendingUl_->forget(pendingToken_);
         pendingUl_.reset();
     }
+    dropLinkLocked();
     lateGiveUpLocked(why);
 }
 
@@ -96,13 +95,17 @@ void HybridSocket::lateStepLocked()
 {
     switch (upgrade_.load()) {
     case Upgrade::LateLoad: {
-        if (!fabricReady()) {
-            // This process has not loaded libfabric yet (about 0.3 s of a thread's time). A
-            // connection that is over within kLoadDelayMs would not switch anyway, and a
-            // short-lived program would then only wait for the load at its exit: so only one
-            // that lasts starts the load.
-            if (nowMs() - lateSinceMs_ >= kLoadDelayMs)
-                loadFabricInBackground(Settings::fromEnv());
+        // This process may not have loaded libfabric yet (about 0.3 s of a thread's time). A
+        // connection that is over within kLoadDelayMs would not switch anyway, and a
+        // short-lived program would then only wait for the load at its exit: so only one that
+        // lasts starts the load, or first tries a same-host link, which needs none.
+        const bool ready = fabricReady();
+        if (!ready && nowMs() - lateSinceMs_ < kLoadDelayMs)
+            return;
+        if (!lateLinkTried_ && (lateLinkTried_ = true) && lateLinkLocked())
+            return;
+        if (!ready) {
+            loadFabricInBackground(Settings::fromEnv());
             return;
         }
         // The switch begins: the kernel connection's addresses for its record, while it is
@@ -156,10 +159,13 @@ void HybridSocket::lateStepLocked()
         [[fallthrough]];
     }
     case Upgrade::LateToken: {
-        // Whenever the server gets to it (its next call or poll): its ack and count.
+        // Whenever the server gets to it (its next call or poll): its ack and count. A server
+        // that claims a link writes them there before it shuts the kernel connection down, so
+        // an end met before an empty link is the server's real end (hybrid_link.cpp).
+        const bool ended = lateLink_ && lateKernelEnd_.load(std::memory_order_acquire);
         bool closed = false;
         if (!lateReadCount(kServerCountSize, &closed)) {
-            if (closed) {
+            if (closed || (ended && lateBufLen_ == 0)) {
                 // The server's socket closed before it claimed the token (the connection is
                 // ending there), or it no longer expected it: kernel TCP to the end.
                 upSock_->close();
@@ -241,6 +247,8 @@ void HybridSocket::lateStepLocked()
             if (!pendingUl_)
                 return;
             upSock_ = pendingUl_->claim(pendingToken_);
+            if (!upSock_ && (upSock_ = claimLinkLocked()))
+                pendingUl_->forget(pendingToken_); // a fabric connection with it is closed
             if (!upSock_) {
                 // A client that gave up (its fabric connect failed or timed out) sends no
                 // token: the connection stays on kernel TCP, and stops costing every poll a
@@ -448,30 +456,6 @@ bool HybridSocket::lateKernelAtEnd()
     return true;
 }
 
-int HybridSocket::latePollEvents(int events)
-{
-    const Upgrade u = upgrade_.load();
-    const int mask = events | POLLERR | POLLHUP;
-    if (u == Upgrade::LateSwitch && lateTargetKnown_ && lateRead_ >= lateTarget_)
-        return upSock_->pollEvents(events) & mask; // the kernel part is read: the fabric alone
-    // Readable means a read does not say EAGAIN (programs such as wrk take that for an error):
-    // the end of the kernel connection that may be the peer's switch is not readable until the
-    // count says what it is (the count's arrival on the fabric wakes the poller).
-    int rev = kernelPollNow(events | POLLRDHUP);
-    if (u == Upgrade::LateSwitch) {
-        // We have shut down our kernel side (POLLHUP) and write on the fabric.
-        rev &= POLLIN | POLLRDHUP | POLLERR;
-        if (events & POLLOUT)
-            rev |= upSock_->pollEvents(POLLOUT) & (POLLOUT | POLLERR | POLLHUP);
-    }
-    if ((rev & (POLLRDHUP | POLLHUP)) && lateEndMayBeSwitch(u)) {
-        rev &= ~(POLLRDHUP | POLLHUP);
-        if (lateKernelAtEnd())
-            rev &= ~POLLIN;
-    }
-    return rev & mask;
-}
-
 int HybridSocket::lateFionread(int *bytes)
 {
     // Without the read lock, as a poll looks: a blocking read may hold it.
@@ -491,69 +475,6 @@ int HybridSocket::lateFionread(int *bytes)
         return 0;
     }
     return upSock_->readable(bytes);
-}
-
-int HybridSocket::lateWaitFds(std::vector<pollfd> *fds, int events)
-{
-    std::unique_lock<std::mutex> lock(upgradeMutex_, std::try_to_lock);
-    if (!lock.owns_lock())
-        return -EAGAIN;
-    const Upgrade u = upgrade_.load();
-    int r = 0;
-    switch (u) {
-    case Upgrade::Answer:
-        fds->push_back({fd_, static_cast<short>(events), 0});
-        break;
-    case Upgrade::LateLoad: {
-        fds->push_back({fd_, static_cast<short>(events), 0});
-        const int loadFd = fabricLoadFd();
-        if (loadFd >= 0) {
-            fds->push_back({loadFd, POLLIN, 0});
-        } else if (fabricReady()) {
-            return -EAGAIN; // ready: the next look connects
-        } else {
-            // The load starts once the connection has lasted kLoadDelayMs (lateStepLocked):
-            // the poller looks again then, whatever else it waits for.
-            const int64_t due = lateSinceMs_ + kLoadDelayMs;
-            if (nowMs() >= due)
-                return -EAGAIN;
-            pollWakeBy(due * 1000000);
-        }
-        break;
-    }
-    case Upgrade::LateConnect:
-        fds->push_back({fd_, static_cast<short>(events), 0});
-        r = upSock_->prepareWait(fds, POLLOUT);
-        break;
-    case Upgrade::LateToken: {
-        // A kernel end already met waits for the count on the fabric, not on the kernel fd
-        // (which would stay readable and spin the poller).
-        const int kev = lateKernelEnd_.load() ? (events & ~POLLIN) : events;
-        if (kev)
-            fds->push_back({fd_, static_cast<short>(kev), 0});
-        r = upSock_->prepareWait(fds, POLLIN);
-        break;
-    }
-    case Upgrade::LateServer:
-        fds->push_back({fd_, static_cast<short>(events), 0});
-        if (acceptOwed_.load(std::memory_order_acquire))
-            break; // no token before the ACCEPT; a look sends it once due
-        if (pendingUl_)
-            r = pendingUl_->prepareWait(fds);
-        else if (upSock_)
-            fds->push_back({fd_, POLLOUT, 0}); // claimed, a write under way: when it ends
-        break;
-    case Upgrade::LateSwitch:
-        if (!lateTargetKnown_ || (events & POLLOUT) || lateRead_ >= lateTarget_)
-            r = upSock_->prepareWait(fds, static_cast<int>(events | POLLIN));
-        if ((!lateTargetKnown_ || lateRead_ < lateTarget_) &&
-            !(lateKernelEnd_.load() && lateEndMayBeSwitch(u)))
-            fds->push_back({fd_, POLLIN, 0});
-        break;
-    default:
-        return -EAGAIN;
-    }
-    return r;
 }
 
 void HybridSocket::lateAccount()

@@ -10,6 +10,7 @@
 #include "fabric.h"
 #include "hybrid_internal.h"
 #include "kernel.h"
+#include "upgrade.h"
 
 namespace rstream::shim {
 
@@ -238,6 +239,93 @@ bool HybridSocket::roomSoon()
         return upSock_->roomSoon();
     auto [s, m] = snapshot();
     return s && m == Mode::Fabric ? s->roomSoon() : true;
+}
+
+int HybridSocket::latePollEvents(int events)
+{
+    const Upgrade u = upgrade_.load();
+    const int mask = events | POLLERR | POLLHUP;
+    if (u == Upgrade::LateSwitch && lateTargetKnown_ && lateRead_ >= lateTarget_)
+        return upSock_->pollEvents(events) & mask; // the kernel part is read: the fabric alone
+    // Readable means a read does not say EAGAIN (programs such as wrk take that for an error):
+    // the end of the kernel connection that may be the peer's switch is not readable until the
+    // count says what it is (the count's arrival on the fabric wakes the poller).
+    int rev = kernelPollNow(events | POLLRDHUP);
+    if (u == Upgrade::LateSwitch) {
+        // We have shut down our kernel side (POLLHUP) and write on the fabric.
+        rev &= POLLIN | POLLRDHUP | POLLERR;
+        if (events & POLLOUT)
+            rev |= upSock_->pollEvents(POLLOUT) & (POLLOUT | POLLERR | POLLHUP);
+    }
+    if ((rev & (POLLRDHUP | POLLHUP)) && lateEndMayBeSwitch(u)) {
+        rev &= ~(POLLRDHUP | POLLHUP);
+        if (lateKernelAtEnd())
+            rev &= ~POLLIN;
+    }
+    return rev & mask;
+}
+
+int HybridSocket::lateWaitFds(std::vector<pollfd> *fds, int events)
+{
+    std::unique_lock<std::mutex> lock(upgradeMutex_, std::try_to_lock);
+    if (!lock.owns_lock())
+        return -EAGAIN;
+    const Upgrade u = upgrade_.load();
+    int r = 0;
+    switch (u) {
+    case Upgrade::Answer:
+        fds->push_back({fd_, static_cast<short>(events), 0});
+        break;
+    case Upgrade::LateLoad: {
+        fds->push_back({fd_, static_cast<short>(events), 0});
+        const int loadFd = fabricLoadFd();
+        if (loadFd >= 0) {
+            fds->push_back({loadFd, POLLIN, 0});
+        } else if (fabricReady()) {
+            return -EAGAIN; // ready: the next look connects
+        } else {
+            // The load starts once the connection has lasted kLoadDelayMs (lateStepLocked):
+            // the poller looks again then, whatever else it waits for.
+            const int64_t due = lateSinceMs_ + kLoadDelayMs;
+            if (nowMs() >= due)
+                return -EAGAIN;
+            pollWakeBy(due * 1000000);
+        }
+        break;
+    }
+    case Upgrade::LateConnect:
+        fds->push_back({fd_, static_cast<short>(events), 0});
+        r = upSock_->prepareWait(fds, POLLOUT);
+        break;
+    case Upgrade::LateToken: {
+        // A kernel end already met waits for the count on the fabric, not on the kernel fd
+        // (which would stay readable and spin the poller).
+        const int kev = lateKernelEnd_.load() ? (events & ~POLLIN) : events;
+        if (kev)
+            fds->push_back({fd_, static_cast<short>(kev), 0});
+        r = upSock_->prepareWait(fds, POLLIN);
+        break;
+    }
+    case Upgrade::LateServer:
+        fds->push_back({fd_, static_cast<short>(events), 0});
+        if (acceptOwed_.load(std::memory_order_acquire))
+            break; // no token before the ACCEPT; a look sends it once due
+        if (pendingUl_)
+            r = pendingUl_->prepareWait(fds);
+        else if (upSock_)
+            fds->push_back({fd_, POLLOUT, 0}); // claimed, a write under way: when it ends
+        break;
+    case Upgrade::LateSwitch:
+        if (!lateTargetKnown_ || (events & POLLOUT) || lateRead_ >= lateTarget_)
+            r = upSock_->prepareWait(fds, static_cast<int>(events | POLLIN));
+        if ((!lateTargetKnown_ || lateRead_ < lateTarget_) &&
+            !(lateKernelEnd_.load() && lateEndMayBeSwitch(u)))
+            fds->push_back({fd_, POLLIN, 0});
+        break;
+    default:
+        return -EAGAIN;
+    }
+    return r;
 }
 
 } // namespace rstream::shim

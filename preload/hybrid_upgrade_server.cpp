@@ -69,7 +69,7 @@ void HybridSocket::serveUpgradeLocked()
     if (a.localLen) {
         noteEngineUsed();
         const UpgradeLimits limits{static_cast<size_t>(config_.upgradePendingMax),
-                                   config_.tokenWaitMs};
+                                   config_.tokenWaitMs, upgradeSettings().sameHost};
         ul = UpgradeListener::forAddress(a.localAddr(), a.localLen, limits, &err);
     }
     if (!ul) {
@@ -81,6 +81,7 @@ void HybridSocket::serveUpgradeLocked()
     // The ACCEPT goes with the program's first write, in one segment (a request answered at
     // once costs no segment more than over plain TCP), or on its own after kAcceptDelayMs for a
     // server that only reads (lateStepLocked). Until it has gone no token can come.
+    noteLinkPossible(*ul);
     pendingUl_ = std::move(ul);
     pendingToken_ = pendingUl_->expect();
     acceptDueMs_ = nowMs() + kAcceptDelayMs;

@@ -16,6 +16,7 @@
 #include "clock.h"
 #include "fabric.h"
 #include "log.h"
+#include "samehost_setup.h"
 #include "upgrade_wire.h"
 
 namespace rstream::shim {
@@ -94,8 +95,27 @@ std::shared_ptr<UpgradeListener> UpgradeListener::forAddress(const sockaddr *loc
     }
     l->port_ = addressPort(reinterpret_cast<sockaddr *>(&bound));
     RS_LOG(Debug, "upgrade: fabric listener on %s port %d", key.c_str(), l->port_);
+    if (limits.sameHost) {
+        const std::string name = upgradeLinkName(sa, len, l->port_);
+        r = addSameHostName(name);
+        l->takesLinks_ = r == 0;
+        if (r < 0)
+            RS_LOG(Info, "upgrade: no same-host links at %s: %s", name.c_str(), strerror(-r));
+    }
     (*gListeners)[key] = l;
     return l;
+}
+
+std::string upgradeLinkName(const sockaddr *addr, socklen_t len, int port)
+{
+    sockaddr_storage a;
+    plainAddress(addr, len, &a);
+    auto *sa = reinterpret_cast<sockaddr *>(&a);
+    if (sa->sa_family == AF_INET)
+        reinterpret_cast<sockaddr_in *>(sa)->sin_port = htons(static_cast<uint16_t>(port));
+    else if (sa->sa_family == AF_INET6)
+        reinterpret_cast<sockaddr_in6 *>(sa)->sin6_port = htons(static_cast<uint16_t>(port));
+    return "rstream-up/" + addressText(sa);
 }
 
 void UpgradeListener::forgetAfterFork()

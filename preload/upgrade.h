@@ -14,6 +14,7 @@
 #include <mutex>
 #include <poll.h>
 #include <set>
+#include <string>
 #include <sys/socket.h>
 #include <vector>
 
@@ -27,7 +28,13 @@ struct UpgradeLimits
 {
     size_t pendingMax;   // connections whose token is not read yet; the oldest goes beyond
     int64_t tokenWaitMs; // how long each may take to send its token
+    bool sameHost =
+        false; // clients on this host may send a same-host link instead (RSTREAM_SAME_HOST)
 };
+
+// The abstract socket name at which the upgrade listener of addr (its port replaced by port)
+// takes same-host links (samehost_setup.h), without the leading NUL: "rstream-up/1.2.3.4:5".
+std::string upgradeLinkName(const sockaddr *addr, socklen_t len, int port);
 
 class UpgradeListener
 {
@@ -40,6 +47,8 @@ public:
     static void forgetAfterFork();
 
     int port() const { return port_; }
+    // Clients on this host may send a same-host link to upgradeLinkName(its address, port()).
+    bool takesLinks() const { return takesLinks_; }
     // A fresh token this listener expects from now on.
     uint64_t expect();
     // No longer expected; a connection that brought it is closed.
@@ -67,6 +76,7 @@ private:
 
     std::shared_ptr<Socket> listen_;
     int port_ = 0;
+    bool takesLinks_ = false;
     UpgradeLimits limits_{};
     std::mutex mutex_;
     std::set<uint64_t> expected_;

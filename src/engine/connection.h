@@ -254,6 +254,11 @@ public:
     // not the fabric: chosen in the connection setup when both ends are in one kernel and one
     // network namespace and both allow it (Settings::sameHost).
     bool sameHost() const { return shOn_.load(std::memory_order_acquire); }
+    // Makes this new connection (never connected) an established one over link, a same-host
+    // link set up outside the fabric (the preload shim's in-band setup, samehost_setup.h),
+    // with the addresses of the connection it carries on. -EISCONN when not new.
+    int adoptSameHost(std::unique_ptr<SameHostLink> link, const sockaddr *local, socklen_t llen,
+                      const sockaddr *peer, socklen_t plen);
     // Tests: the same-host link, to play a hostile peer's part on its shared words.
     SameHostLink *testSameHostLink() { return sh_.get(); }
 

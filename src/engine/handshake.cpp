@@ -19,12 +19,6 @@
 
 namespace rstream {
 
-namespace {
-// A same-host ring's size when the buffers asked for are smaller: a copy each way needs no
-// more than the caches hold, and pages are only backed as they are touched.
-constexpr uint64_t kSameHostRing = 256 * 1024;
-} // namespace
-
 wire::Hello Connection::localHello() const
 {
     wire::Hello h;
@@ -320,9 +314,7 @@ int Connection::acceptLocked(fi_info *connreq, const wire::Hello &peer)
     if (settings_.sameHost && peer.token && cmMax >= wire::kHelloSameHostSize) {
         // The region goes to the peer's inbox before the answer, so it is there when the
         // answer arrives; declined, the connection stays on the fabric.
-        const uint64_t ring = std::bit_ceil(std::clamp<uint64_t>(
-            std::max(settings_.sendBuf, settings_.recvBuf), kSameHostRing, shm::kMaxRing / 16));
-        if (acceptSameHost(peer, ring, &sh_) == 0) {
+        if (acceptSameHost(peer, sameHostRingSize(settings_), &sh_) == 0) {
             shToken_ = peer.token;
             mine.token = peer.token;
             mine.hostKey = peer.hostKey;

@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: MIT
 // A connection whose bytes move over a same-host link (samehost.h): its data path, readiness,
 // waiting, shutdown and close. The fabric endpoint only carried the setup: once the link is up
-// nothing is progressed on it, and it is closed with the connection.
+// nothing is progressed on it, and it is closed with the connection (a link the preload shim
+// set up over its kernel TCP connection has none: adoptSameHost).
 
 #include "connection.h"
 #include "connection_detail.h"
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <poll.h>
 
 #include <rdma/fi_cm.h>
@@ -33,6 +35,26 @@ int Connection::shCollectLocked(const wire::Hello &peer)
         return r;
     }
     shOn_.store(true, std::memory_order_release);
+    return 0;
+}
+
+int Connection::adoptSameHost(std::unique_ptr<SameHostLink> link, const sockaddr *local,
+                              socklen_t llen, const sockaddr *peer, socklen_t plen)
+{
+    if (!link || llen > sizeof(localAddr_) || plen > sizeof(peerAddr_))
+        return -EINVAL;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (state_ != State::Idle || ep_)
+        return -EISCONN;
+    std::memcpy(&localAddr_, local, llen);
+    localLen_ = llen;
+    std::memcpy(&peerAddr_, peer, plen);
+    peerLen_ = plen;
+    sh_ = std::move(link);
+    shOn_.store(true, std::memory_order_release);
+    state_ = State::Connected;
+    txEvents_.fetch_add(1, std::memory_order_relaxed);
+    shConnectedLocked();
     return 0;
 }
 

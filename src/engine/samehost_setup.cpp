@@ -4,7 +4,9 @@
 #include "samehost_setup.h"
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
@@ -78,6 +80,9 @@ int ownPipeEnd(int fd, int flags)
 }
 
 constexpr size_t kMaxArrivals = 256;
+// A same-host ring's size when the buffers asked for are smaller: a copy each way needs no
+// more than the caches hold, and pages are only backed as they are touched.
+constexpr uint64_t kSameHostRing = 256 * 1024;
 constexpr int64_t kArrivalTtlNs = 30'000'000'000;
 
 class Inbox
@@ -113,18 +118,40 @@ public:
         return fd_;
     }
 
+    // Another name this inbox answers to (an abstract socket's, without the leading NUL).
+    int addAlias(const std::string &name)
+    {
+        sockaddr_un a{};
+        a.sun_family = AF_UNIX;
+        if (name.empty() || name.size() + 1 > sizeof(a.sun_path))
+            return -ENAMETOOLONG;
+        std::memcpy(a.sun_path + 1, name.data(), name.size());
+        const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+        std::lock_guard<std::mutex> lock(mutex_);
+        const int s = sys::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (s < 0)
+            return s;
+        int r = sys::bind(s, reinterpret_cast<sockaddr *>(&a), len);
+        if (r == 0)
+            r = sys::listen(s, 512);
+        if (r < 0) {
+            sys::close(s);
+            return r;
+        }
+        aliases_.push_back(s);
+        return 0;
+    }
+
     // The arrival with this token, taken out: 0, or -EAGAIN when it is not there (yet).
     int take(uint64_t token, Arrival *out)
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        if (fd_ < 0)
+        if (fd_ < 0 && aliases_.empty())
             return -ENOTCONN;
-        for (;;) {
-            int s = sys::accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-            if (s < 0)
-                break;
-            arrivals_.push_back({s, -1, 0, nowNs()});
-        }
+        for (int l : aliases_)
+            acceptAllLocked(l);
+        if (fd_ >= 0)
+            acceptAllLocked(fd_);
         const int64_t now = nowNs();
         for (size_t i = 0; i < arrivals_.size();) {
             Arrival &a = arrivals_[i];
@@ -158,6 +185,11 @@ public:
         if (fd_ >= 0)
             sys::close(fd_);
         fd_ = -1;
+        // The aliases' sockets stay the parent's: a child that accepted on its copies would
+        // take the parent's arrivals.
+        for (int l : aliases_)
+            sys::close(l);
+        aliases_.clear();
         failed_ = false;
         for (Arrival &a : arrivals_)
             closeArrival(a);
@@ -165,6 +197,16 @@ public:
     }
 
 private:
+    void acceptAllLocked(int listening)
+    {
+        for (;;) {
+            const int s = sys::accept4(listening, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (s < 0)
+                return;
+            arrivals_.push_back({s, -1, 0, nowNs()});
+        }
+    }
+
     void openLocked()
     {
         for (int attempt = 0; attempt < 4; attempt++) {
@@ -245,6 +287,7 @@ private:
     int fd_ = -1;
     uint32_t id_ = 0;
     bool failed_ = false;
+    std::vector<int> aliases_; // listening sockets of the names added by addAlias()
     std::vector<Arrival> arrivals_;
 };
 
@@ -293,70 +336,128 @@ void offerSameHost(wire::Hello *hello)
     hello->token = token;
 }
 
+SameHostOffer::~SameHostOffer()
+{
+    closeSent();
+}
+
+void SameHostOffer::closeSent()
+{
+    // The mapping keeps the region, and the peer has its own fds once sent: what was sent
+    // waits in the inbox with its data after the socket is closed.
+    auto closeOne = [](int &fd) {
+        if (fd >= 0)
+            sys::close(fd);
+        fd = -1;
+    };
+    closeOne(sock_);
+    for (int &fd : fds_)
+        closeOne(fd);
+}
+
+int SameHostOffer::open(const std::string &name, uint64_t ringSize)
+{
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    if (name.empty() || name.size() + 1 > sizeof(a.sun_path))
+        return -EINVAL;
+    std::memcpy(a.sun_path + 1, name.data(), name.size());
+    return open(a, static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size()),
+                ringSize);
+}
+
+int SameHostOffer::open(const sockaddr_un &a, socklen_t len, uint64_t ringSize)
+{
+    if (sock_ >= 0 || link_)
+        return -EISCONN;
+    int r = sock_ = sys::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    // A UNIX connect completes at once, or fails (EAGAIN: the inbox's backlog is full; nothing
+    // listening there: ECONNREFUSED).
+    if (r >= 0)
+        r = sys::connect(sock_, reinterpret_cast<const sockaddr *>(&a), len);
+    if (r < 0) {
+        closeSent();
+        return r;
+    }
+    int memfd = -1;
+    std::unique_ptr<SameHostLink> link;
+    r = SameHostLink::create(ringSize, ringSize, &memfd, &link);
+    if (r < 0) {
+        closeSent();
+        return r;
+    }
+    // mine: this end sleeps on its read end; theirs: the peer's. Each end writes into the
+    // other's through a read-write description of its own, the only writer left once the
+    // ends sent are closed here.
+    int mine[2] = {-1, -1}, theirs[2] = {-1, -1}, wake = -1;
+    if ((r = sys::pipe2(mine, O_NONBLOCK | O_CLOEXEC)) < 0 ||
+        (r = sys::pipe2(theirs, O_NONBLOCK | O_CLOEXEC)) < 0 ||
+        (r = wake = sys::reopen(theirs[0], O_RDWR | O_NONBLOCK)) < 0) {
+        for (int fd : {memfd, mine[0], mine[1], theirs[0], theirs[1], wake})
+            if (fd >= 0)
+                sys::close(fd);
+        closeSent();
+        RS_LOG(Debug, "same-host: no pipes (%s)", strerror(-r));
+        return r;
+    }
+    sys::close(theirs[1]);
+    fds_[0] = memfd;
+    fds_[1] = theirs[0];
+    fds_[2] = mine[1];
+    link->setWakeFds(mine[0], wake);
+    link_ = std::move(link);
+    return 0;
+}
+
+int SameHostOffer::send(uint64_t token)
+{
+    if (sock_ < 0 || !token)
+        return -ENOTCONN;
+    iovec iov{&token, sizeof(token)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(fds_))] = {};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof(control);
+    cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(fds_));
+    std::memcpy(CMSG_DATA(c), fds_, sizeof(fds_));
+    const ssize_t n = sys::sendmsg(sock_, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+    closeSent();
+    return n == sizeof(token) ? 0 : (n < 0 ? static_cast<int>(n) : -EIO);
+}
+
+uint64_t sameHostRingSize(const Settings &settings)
+{
+    return std::bit_ceil(std::clamp<uint64_t>(std::max(settings.sendBuf, settings.recvBuf),
+                                              kSameHostRing, shm::kMaxRing / 16));
+}
+
 int acceptSameHost(const wire::Hello &peer, uint64_t ringSize, std::unique_ptr<SameHostLink> *out)
 {
     if (!peer.token || !peer.inbox || peer.hostKey != sameHostKey())
         return -EXDEV;
-    int memfd = -1;
-    std::unique_ptr<SameHostLink> link;
-    int r = SameHostLink::create(ringSize, ringSize, &memfd, &link);
-    if (r < 0)
-        return r;
-    // mine: this end sleeps on its read end; theirs: the peer's. Each end writes into the
-    // other's through a read-write description of its own, the only writer left once the
-    // ends sent are closed here.
-    int mine[2] = {-1, -1}, theirs[2] = {-1, -1}, wake = -1, s = -1;
-    auto closeAll = [&] {
-        for (int fd : {memfd, mine[1], theirs[0], theirs[1], s})
-            if (fd >= 0)
-                sys::close(fd);
-    };
-    if ((r = sys::pipe2(mine, O_NONBLOCK | O_CLOEXEC)) < 0 ||
-        (r = sys::pipe2(theirs, O_NONBLOCK | O_CLOEXEC)) < 0 ||
-        (r = wake = sys::reopen(theirs[0], O_RDWR | O_NONBLOCK)) < 0 ||
-        (r = s = sys::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)) < 0) {
-        closeAll();
-        for (int fd : {mine[0], wake})
-            if (fd >= 0)
-                sys::close(fd);
-        RS_LOG(Debug, "same-host: no pipes (%s): staying on the fabric", strerror(-r));
-        return r;
-    }
     sockaddr_un a;
-    socklen_t len = inboxAddress(peer.inbox, &a);
-    // A UNIX connect completes at once, or fails (EAGAIN: the inbox's backlog is full).
-    r = sys::connect(s, reinterpret_cast<sockaddr *>(&a), len);
-    if (r == 0) {
-        uint64_t token = peer.token;
-        iovec iov{&token, sizeof(token)};
-        const int fds[kArrivalFds] = {memfd, theirs[0], mine[1]};
-        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(fds))] = {};
-        msghdr m{};
-        m.msg_iov = &iov;
-        m.msg_iovlen = 1;
-        m.msg_control = control;
-        m.msg_controllen = sizeof(control);
-        cmsghdr *c = CMSG_FIRSTHDR(&m);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(fds));
-        std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
-        const ssize_t n = sys::sendmsg(s, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
-        r = n == sizeof(token) ? 0 : (n < 0 ? static_cast<int>(n) : -EIO);
-    }
-    // The mapping keeps the region, and the peer has its own fds: what was sent waits in the
-    // inbox with its data after the socket is closed.
-    closeAll();
+    const socklen_t len = inboxAddress(peer.inbox, &a);
+    SameHostOffer offer;
+    int r = offer.open(a, len, ringSize);
+    if (r == 0)
+        r = offer.send(peer.token);
     if (r < 0) {
         RS_LOG(Debug, "same-host: peer's inbox not reachable (%s): staying on the fabric",
                strerror(-r));
-        sys::close(mine[0]);
-        sys::close(wake);
         return r;
     }
-    link->setWakeFds(mine[0], wake);
-    *out = std::move(link);
+    *out = offer.takeLink();
     return 0;
+}
+
+int addSameHostName(const std::string &name)
+{
+    return Inbox::instance().addAlias(name);
 }
 
 int collectSameHost(uint64_t token, int timeoutMs, std::unique_ptr<SameHostLink> *out)

@@ -13,8 +13,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <sys/un.h>
 
 #include "samehost.h"
+#include "settings.h"
 #include "wire.h"
 
 namespace rstream {
@@ -28,6 +31,42 @@ void offerSameHost(wire::Hello *hello);
 // The accepting end, for a peer's hello with an offer: the region and socket, sent to the peer's
 // inbox. -errno: the offer is declined (the connection stays on the fabric).
 int acceptSameHost(const wire::Hello &peer, uint64_t ringSize, std::unique_ptr<SameHostLink> *out);
+
+// The ring size of a link made for a connection with these settings (each direction).
+uint64_t sameHostRingSize(const Settings &settings);
+
+// The in-band setup of the preload shim (upgrade_wire.h), where the server's process is not
+// the one that offered: the server's process makes its inbox answer to name too (an abstract
+// socket name, without its leading NUL; -errno when it is taken), and the client sends a link it
+// made there (SameHostOffer) with the token of the server's ACCEPT; the server collects it with
+// collectSameHost(token).
+int addSameHostName(const std::string &name);
+
+// A link made for a peer that does not have it yet, in two steps, so that its maker can be ready
+// for the peer's use of it before the peer has it: open() connects to the inbox socket (or a
+// name it answers to) and makes the link, send() hands the peer's part over with a token.
+class SameHostOffer
+{
+public:
+    SameHostOffer() = default;
+    ~SameHostOffer();
+    SameHostOffer(const SameHostOffer &) = delete;
+    SameHostOffer &operator=(const SameHostOffer &) = delete;
+
+    // -errno: nothing listens at name (ECONNREFUSED), or no memory, pipes or descriptors.
+    int open(const std::string &name, uint64_t ringSize);
+    int open(const sockaddr_un &addr, socklen_t len, uint64_t ringSize);
+    // This end of the link, once open() succeeded.
+    std::unique_ptr<SameHostLink> takeLink() { return std::move(link_); }
+    // Sends the peer's part with token (never 0); the offer's fds are closed either way.
+    int send(uint64_t token);
+
+private:
+    void closeSent();
+    int sock_ = -1;
+    int fds_[3] = {-1, -1, -1}; // the region, the peer's sleep end, the write end of ours
+    std::unique_ptr<SameHostLink> link_;
+};
 
 // The connecting end, once the peer's answer echoed token: the link the peer sent, waiting up
 // to timeoutMs for it to arrive. -errno when it did not come or is not acceptable.

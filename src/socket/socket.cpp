@@ -313,6 +313,33 @@ int Socket::connect(const sockaddr *addr, socklen_t len)
     }
 }
 
+int Socket::adoptSameHost(std::unique_ptr<SameHostLink> link, const sockaddr *local, socklen_t llen,
+                          const sockaddr *peer, socklen_t plen)
+{
+    if (llen > sizeof(sockaddr_storage) || plen > sizeof(sockaddr_storage))
+        return -EINVAL;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (state_ != State::Fresh)
+        return -EISCONN;
+    Settings s;
+    applySettings(&s);
+    auto c = std::shared_ptr<Connection>(new Connection(s), ConnectionCloser{});
+    sockaddr_storage l, p;
+    const socklen_t ll = engineAddress(local, llen, &l);
+    const socklen_t pl = engineAddress(peer, plen, &p);
+    const int ret = c->adoptSameHost(std::move(link), reinterpret_cast<sockaddr *>(&l), ll,
+                                     reinterpret_cast<sockaddr *>(&p), pl);
+    if (ret < 0)
+        return ret;
+    sendRing_ = static_cast<uint32_t>(s.sendBuf);
+    conn_ = c;
+    applyKeepaliveLocked();
+    applyCorkLocked();
+    applyUserTimeoutLocked();
+    setStateLocked(State::Connected);
+    return 0;
+}
+
 int Socket::shutdown(int how)
 {
     if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)

@@ -75,6 +75,11 @@ public:
     // nonblock: the caller's view (O_NONBLOCK of the socket); out gets a connected socket.
     int accept(std::shared_ptr<Socket> *out, sockaddr *addr, socklen_t *len);
     int connect(const sockaddr *addr, socklen_t len);
+    // A new socket (neither bound nor connected) made a connected one over a same-host link set
+    // up outside the fabric (the preload shim's in-band setup), with the addresses of the
+    // connection it carries on; its options apply as for connect().
+    int adoptSameHost(std::unique_ptr<SameHostLink> link, const sockaddr *local, socklen_t llen,
+                      const sockaddr *peer, socklen_t plen);
     // MSG_DONTWAIT, MSG_PEEK, MSG_WAITALL, MSG_TRUNC, MSG_NOSIGNAL (the caller raises SIGPIPE).
     ssize_t send(const iovec *iov, int iovcnt, int flags);
     ssize_t recv(const iovec *iov, int iovcnt, int flags);

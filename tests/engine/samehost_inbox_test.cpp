@@ -2,8 +2,10 @@
 // A process's same-host inbox: what a third party sends there is never taken for a link, and an
 // honest sender's arrival is taken whenever its bytes come.
 
+#include <cerrno>
 #include <cstring>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <string>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -145,6 +147,72 @@ TEST_F(SameHostInbox, ArrivalAcceptedBeforeItsWriteIsKept)
     // through descriptions of its own, nonblocking whatever the sender does with its own.
     EXPECT_TRUE(fcntl(link->fd(), F_GETFL) & O_NONBLOCK);
     close(fd);
+}
+
+TEST_F(SameHostInbox, ALinkSentToANameTheInboxAnswersToCarriesAConnection)
+{
+    // The preload shim's in-band setup: no fabric at all, a name the server's process adds to
+    // its inbox, a link the client makes and sends there with a token both ends know.
+    const std::string name = "rstream-test-up/" + std::to_string(getpid());
+    {
+        SameHostOffer nobody;
+        EXPECT_EQ(nobody.open(name, 256 * 1024), -ECONNREFUSED); // nothing answers there yet
+    }
+    ASSERT_EQ(addSameHostName(name), 0);
+    EXPECT_EQ(addSameHostName(name), -EADDRINUSE);
+    const uint64_t token = 0x1234567890abcdefull;
+    // A third party's arrivals at the name: the token alone, and a wrong token with a region.
+    const int forged = connectInbox(name);
+    ASSERT_GE(forged, 0);
+    ASSERT_EQ(sendArrival(forged, token, -1), ssize_t(sizeof(token)));
+    close(forged);
+
+    SameHostOffer offer;
+    ASSERT_EQ(offer.open(name, 256 * 1024), 0);
+    sockaddr_in client{}, server{};
+    client.sin_family = server.sin_family = AF_INET;
+    client.sin_addr.s_addr = server.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    client.sin_port = htons(40000);
+    server.sin_port = htons(80);
+    Connection a;
+    ASSERT_EQ(a.adoptSameHost(offer.takeLink(), reinterpret_cast<sockaddr *>(&client),
+                              sizeof(client), reinterpret_cast<sockaddr *>(&server),
+                              sizeof(server)),
+              0);
+    ASSERT_EQ(offer.send(token), 0);
+    std::unique_ptr<SameHostLink> link;
+    EXPECT_EQ(collectSameHost(token + 1, 0, &link), -ETIMEDOUT); // not another token's
+    ASSERT_EQ(collectSameHost(token, 1000, &link), 0);
+    auto b = std::make_unique<Connection>();
+    ASSERT_EQ(b->adoptSameHost(std::move(link), reinterpret_cast<sockaddr *>(&server),
+                               sizeof(server), reinterpret_cast<sockaddr *>(&client),
+                               sizeof(client)),
+              0);
+    EXPECT_TRUE(a.sameHost());
+    EXPECT_TRUE(b->sameHost());
+    EXPECT_EQ(collectSameHost(token, 0, &link), -ETIMEDOUT); // taken once
+
+    // A connection like any other: bytes both ways, its addresses, and the end.
+    char buf[16] = {};
+    ASSERT_EQ(a.send("hello", 5), 5);
+    ASSERT_EQ(b->recv(buf, sizeof(buf), 0, 5000), 5);
+    EXPECT_EQ(std::string(buf, 5), "hello");
+    ASSERT_EQ(b->send("bye", 3), 3);
+    ASSERT_EQ(a.recv(buf, sizeof(buf), 0, 5000), 3);
+    EXPECT_EQ(std::string(buf, 3), "bye");
+    sockaddr_storage peer{};
+    socklen_t plen = sizeof(peer);
+    ASSERT_EQ(a.peerAddress(&peer, &plen), 0);
+    EXPECT_EQ(reinterpret_cast<sockaddr_in &>(peer).sin_port, htons(80));
+    Connection::close(std::move(b));
+    EXPECT_EQ(a.recv(buf, sizeof(buf), 0, 5000), 0);
+    // Made once: a connected connection takes no other link.
+    SameHostOffer again;
+    ASSERT_EQ(again.open(name, 256 * 1024), 0);
+    EXPECT_EQ(a.adoptSameHost(again.takeLink(), reinterpret_cast<sockaddr *>(&client),
+                              sizeof(client), reinterpret_cast<sockaddr *>(&server),
+                              sizeof(server)),
+              -EISCONN);
 }
 
 } // namespace

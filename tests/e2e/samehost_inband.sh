@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# The same-host link set up on the kernel TCP connection itself (preload/hybrid_link.cpp): a
+# client whose server is on this host switches to same-host memory without loading libfabric,
+# and a hostile process that writes garbage to the name where the server takes links changes
+# nothing for the next client. A server that takes no links (RSTREAM_SAME_HOST=0) gets its
+# client over the fabric, as before.
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "$0")/lib.sh"
+need python3
+prog="$(dirname "$0")/samehost_inband.py"
+
+# client NAME SECONDS: one client run under the shim with same-host links allowed, echoing for
+# SECONDS; its output logged.
+client() {
+	local out
+	out=$(shim "$1" 30 env RSTREAM_SAME_HOST=1 python3 "$prog" client "$port" "$2" 2>&1) ||
+		fail "$1 failed: $out"
+	log "$1: $out"
+	last_out=$out
+}
+
+# Both ends allow same-host links: the clients switch without libfabric; between them, the
+# hostile process.
+start_server server 1 shim server 60 env RSTREAM_SAME_HOST=1 RSTREAM_LOG=debug \
+	RSTREAM_LOG_FILE="$work/server.rs" python3 "$prog" server @PORT@ 2
+client client1 0.4
+grep -q "libfabric not loaded" <<<"$last_out" || fail "client1 loaded libfabric"
+[ "$(stat_sum client1 same_host_connections)" -eq 1 ] || fail "client1: not same-host"
+ulport=$(sed -n 's/.*upgrade: fabric listener on 127\.0\.0\.1:0 port \([0-9]*\).*/\1/p' \
+	"$work/server.rs" | head -n 1)
+[ -n "$ulport" ] || fail "the server's log names no upgrade listener"
+grep -q "switch: the client's same-host link claimed" "$work/server.rs" ||
+	fail "the server did not claim a same-host link"
+plain 10 python3 "$prog" hostile "rstream-up/127.0.0.1:$ulport" >"$work/hostile.log" 2>&1 ||
+	fail "the hostile process could not reach rstream-up/127.0.0.1:$ulport"
+log "$(cat "$work/hostile.log")"
+client client2 0.4
+grep -q "libfabric not loaded" <<<"$last_out" || fail "client2 loaded libfabric"
+[ "$(stat_sum client2 same_host_connections)" -eq 1 ] || fail "client2: not same-host"
+finish "$server_pid" || fail "the server failed: $(tail -n 3 "$work/server.log")"
+[ "$(stat_sum server same_host_connections)" -eq 2 ] || fail "server: not 2 same-host connections"
+[ "$(stat_sum server fallback_connections)" -eq 0 ] || fail "server: a connection fell back"
+
+# A server that takes no links: its client goes over the fabric, once libfabric has loaded
+# (0.3-1.2 s here).
+start_server server-nolink 1 shim server-nolink 60 env RSTREAM_SAME_HOST=0 python3 "$prog" \
+	server @PORT@ 1
+client client3 2
+grep -q "libfabric loaded" <<<"$last_out" || fail "client3 did not load libfabric"
+[ "$(stat_sum client3 fabric_connections)" -eq 1 ] || fail "client3: not switched"
+[ "$(stat_sum client3 same_host_connections)" -eq 0 ] || fail "client3: same-host"
+finish "$server_pid" || fail "the server failed: $(tail -n 3 "$work/server-nolink.log")"
+echo PASS
