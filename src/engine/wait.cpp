@@ -34,11 +34,15 @@ public:
         if (fd_ >= 0)
             sys::close(fd_);
     }
-    // Made on first use.
+    // Made on first use; -errno when it cannot be (EMFILE at the descriptor limit).
     int fd()
     {
-        if (fd_ < 0)
-            fd_ = std::max(sys::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), -1);
+        if (fd_ < 0) {
+            const int r = sys::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+            if (r < 0)
+                return r;
+            fd_ = r;
+        }
         return fd_;
     }
     void drain() const
@@ -160,7 +164,7 @@ int Connection::sleepLocked(std::unique_lock<std::mutex> &lock, pollfd *fds, int
 {
     const int wakeFd = tWakeFd.fd();
     if (wakeFd < 0)
-        return -ENOMEM;
+        return wakeFd; // a connect at the descriptor limit says EMFILE, as one made there would
     fds[n] = {wakeFd, POLLIN, 0};
     timespec timeout{};
     if (untilNs) {

@@ -19,18 +19,18 @@ using namespace rstest;
 
 namespace {
 
-// The soft fd limit set to the lowest free descriptor, so that the next one fails with
-// EMFILE whatever kind it is; restored by restore() or the destructor.
+// The soft fd limit set to the lowest free descriptor (plus spare), so that the next one (the
+// next spare + 1) fails with EMFILE whatever kind it is; restored by restore() or the destructor.
 class FdLimit
 {
 public:
-    FdLimit()
+    explicit FdLimit(int spare = 0)
     {
         getrlimit(RLIMIT_NOFILE, &saved_);
         int lowest = dup(0);
         close(lowest);
         rlimit rl = saved_;
-        rl.rlim_cur = rlim_t(lowest);
+        rl.rlim_cur = rlim_t(lowest + spare);
         setrlimit(RLIMIT_NOFILE, &rl);
     }
     ~FdLimit() { restore(); }
@@ -117,6 +117,37 @@ TEST_P(Fdlimit, AcceptFailsWithEmfileAndKeepsTheConnection)
 
 // connect() at the limit: kernel TCP needs no descriptor and connects; librstream's endpoint
 // needs descriptors and fails with EMFILE at once. A connection made before goes on.
+// A few descriptors below the limit: librstream's endpoint takes some and then fails for the
+// next one; the error is still EMFILE (it was ENOMEM where the engine's per-thread wake fd was
+// the one that failed: a descriptor freed below the limit by an ending thread led there).
+TEST_P(Fdlimit, ConnectWithAFewDescriptorsLeft)
+{
+    if (b == &kKernel)
+        GTEST_SKIP() << "kernel TCP's connect needs no descriptor";
+    uint16_t port = 0;
+    const int lfd = newListener(AF_INET, &port);
+    ASSERT_GE(lfd, 0);
+    auto a = loopback4(port);
+    for (int spare = 0; spare <= 5; spare++) {
+        const int c = newSocket();
+        ASSERT_GE(c, 0);
+        int rc, err;
+        {
+            FdLimit limit(spare);
+            // On a thread of its own, as a program's connecting thread that never slept before.
+            std::future<int> f = std::async(std::launch::async, [&] {
+                const int r = b->connect(c, reinterpret_cast<sockaddr *>(&a), sizeof(a));
+                err = errno;
+                return r;
+            });
+            rc = f.get();
+        }
+        EXPECT_EQ(rc, -1) << spare << " descriptors left";
+        EXPECT_EQ(err, EMFILE) << spare << " descriptors left: " << strerror(err);
+    }
+    expectNewPairWorks();
+}
+
 TEST_P(Fdlimit, ConnectAtTheLimit)
 {
     auto [c0, s0] = connectedPair();
