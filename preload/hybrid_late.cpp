@@ -102,8 +102,11 @@ void HybridSocket::lateStepLocked()
         const bool ready = fabricReady();
         if (!ready && nowMs() - lateSinceMs_ < kLoadDelayMs)
             return;
-        if (!lateLinkTried_ && (lateLinkTried_ = true) && lateLinkLocked())
-            return;
+        if (!lateLinkTried_) {
+            lateLinkTried_ = true;
+            if (lateLinkLocked())
+                return;
+        }
         if (!ready) {
             loadFabricInBackground(Settings::fromEnv());
             return;

@@ -37,13 +37,28 @@ uint32_t fnv(uint32_t h, const void *data, size_t len)
     return h;
 }
 
-socklen_t inboxAddress(uint32_t id, sockaddr_un *a)
+// The address of the abstract socket name (without its leading NUL), or 0 when it does not fit.
+socklen_t abstractAddress(const std::string &name, sockaddr_un *a)
 {
     std::memset(a, 0, sizeof(*a));
     a->sun_family = AF_UNIX;
-    // Abstract: no file to leave behind or to guard, and only the network namespace sees it.
-    const int n = std::snprintf(a->sun_path + 1, sizeof(a->sun_path) - 1, "rstream-inbox-%08x", id);
-    return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+    if (name.empty() || name.size() + 1 > sizeof(a->sun_path))
+        return 0;
+    std::memcpy(a->sun_path + 1, name.data(), name.size());
+    return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+}
+
+std::string inboxName(uint32_t id)
+{
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "rstream-inbox-%08x", id);
+    return buf;
+}
+
+// Abstract: no file to leave behind or to guard, and only the network namespace sees it.
+socklen_t inboxAddress(uint32_t id, sockaddr_un *a)
+{
+    return abstractAddress(inboxName(id), a);
 }
 
 // What arrived at the inbox and is not collected yet: a socket whose token and fds were read
@@ -105,11 +120,7 @@ public:
     std::string name()
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        if (fd_ < 0)
-            return {};
-        char buf[32];
-        std::snprintf(buf, sizeof(buf), "rstream-inbox-%08x", id_);
-        return buf;
+        return fd_ < 0 ? std::string() : inboxName(id_);
     }
 
     int fd()
@@ -121,12 +132,10 @@ public:
     // Another name this inbox answers to (an abstract socket's, without the leading NUL).
     int addAlias(const std::string &name)
     {
-        sockaddr_un a{};
-        a.sun_family = AF_UNIX;
-        if (name.empty() || name.size() + 1 > sizeof(a.sun_path))
+        sockaddr_un a;
+        const socklen_t len = abstractAddress(name, &a);
+        if (!len)
             return -ENAMETOOLONG;
-        std::memcpy(a.sun_path + 1, name.data(), name.size());
-        const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
         std::lock_guard<std::mutex> lock(mutex_);
         const int s = sys::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (s < 0)
@@ -357,13 +366,9 @@ void SameHostOffer::closeSent()
 
 int SameHostOffer::open(const std::string &name, uint64_t ringSize)
 {
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    if (name.empty() || name.size() + 1 > sizeof(a.sun_path))
-        return -EINVAL;
-    std::memcpy(a.sun_path + 1, name.data(), name.size());
-    return open(a, static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size()),
-                ringSize);
+    sockaddr_un a;
+    const socklen_t len = abstractAddress(name, &a);
+    return len ? open(a, len, ringSize) : -ENAMETOOLONG;
 }
 
 int SameHostOffer::open(const sockaddr_un &a, socklen_t len, uint64_t ringSize)
