@@ -234,6 +234,7 @@ void HybridSocket::adoptUpgradedLocked(std::shared_ptr<Socket> s, bool accepted)
     auto record = std::make_unique<ConnRecord>(fd_, true, Fallback::None, accepted, a.localAddr(),
                                                llen, a.peerAddr(), plen);
     record->setConnection(s->connection());
+    const bool sameHost = s->connection() && s->connection()->sameHost();
     {
         std::lock_guard<std::mutex> lock(mutex_);
         bytes_ = &record->bytes();
@@ -254,8 +255,8 @@ void HybridSocket::adoptUpgradedLocked(std::shared_ptr<Socket> s, bool accepted)
     // bytes that now travel on the fabric; the peer's shim no longer reads it.
     sys::shutdown(fd_, SHUT_RDWR);
     countFabricConnection();
-    RS_LOG_FD(Debug, fd_, "upgraded to the fabric (%s %s)", accepted ? "from" : "to",
-              plen ? describe(a.peerAddr()).c_str() : "?");
+    RS_LOG_FD(Debug, fd_, "upgraded to the %s (%s %s)", sameHost ? "same-host transport" : "fabric",
+              accepted ? "from" : "to", plen ? describe(a.peerAddr()).c_str() : "?");
 }
 
 void HybridSocket::sendOfferLocked()
