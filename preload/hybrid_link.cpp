@@ -11,13 +11,19 @@
 
 #include <cerrno>
 #include <cstring>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <unistd.h>
 
 #include "clock.h"
 #include "hybrid_internal.h"
 #include "log.h"
 #include "samehost.h"
 #include "samehost_setup.h"
+#include "shimaddr.h"
 #include "upgrade.h"
 
 namespace rstream::shim {
@@ -44,6 +50,89 @@ bool peerOnThisHost(const sockaddr_storage &local, const sockaddr_storage &peer)
             return true;
         return IN6_IS_ADDR_V4MAPPED(&p.sin6_addr) && p.sin6_addr.s6_addr[12] == 127;
     }
+    return false;
+}
+
+// The owner (uid) of the TCP socket listening at addr (its port set), from the kernel's socket
+// diagnostics: 0 and *uid, or -errno.
+int listenerUid(const sockaddr_storage &addr, uid_t *uid)
+{
+    struct
+    {
+        nlmsghdr nlh;
+        inet_diag_req_v2 req;
+    } q{};
+    q.nlh.nlmsg_len = sizeof(q);
+    q.nlh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    q.nlh.nlmsg_flags = NLM_F_REQUEST; // one socket, looked up: no dump
+    q.req.sdiag_family = static_cast<uint8_t>(addr.ss_family);
+    q.req.sdiag_protocol = IPPROTO_TCP;
+    q.req.idiag_states = 1u << TCP_LISTEN;
+    q.req.id.idiag_cookie[0] = q.req.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+    if (addr.ss_family == AF_INET) {
+        const auto &a = reinterpret_cast<const sockaddr_in &>(addr);
+        q.req.id.idiag_sport = a.sin_port;
+        std::memcpy(q.req.id.idiag_src, &a.sin_addr, sizeof(a.sin_addr));
+    } else if (addr.ss_family == AF_INET6) {
+        const auto &a = reinterpret_cast<const sockaddr_in6 &>(addr);
+        q.req.id.idiag_sport = a.sin6_port;
+        if (IN6_IS_ADDR_V4MAPPED(&a.sin6_addr)) {
+            // The upgrade listener of a dual-stack server's IPv4 client is an IPv4 one.
+            q.req.sdiag_family = AF_INET;
+            std::memcpy(q.req.id.idiag_src, &a.sin6_addr.s6_addr[12], 4);
+        } else {
+            std::memcpy(q.req.id.idiag_src, &a.sin6_addr, sizeof(a.sin6_addr));
+        }
+    } else {
+        return -EAFNOSUPPORT;
+    }
+    const int fd = sys::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (fd < 0)
+        return fd;
+    iovec iov{&q, sizeof(q)};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    alignas(nlmsghdr) uint8_t buf[1024];
+    ssize_t r = sys::sendmsg(fd, &m, MSG_NOSIGNAL);
+    if (r >= 0) {
+        iov = {buf, sizeof(buf)};
+        r = sys::recvmsg(fd, &m, 0);
+    }
+    sys::close(fd);
+    if (r < 0)
+        return static_cast<int>(r);
+    const auto *h = reinterpret_cast<const nlmsghdr *>(buf);
+    if (!NLMSG_OK(h, static_cast<size_t>(r)))
+        return -EPROTO;
+    if (h->nlmsg_type == NLMSG_ERROR) {
+        const auto *e = static_cast<const nlmsgerr *>(NLMSG_DATA(h));
+        return e->error < 0 ? e->error : -EPROTO;
+    }
+    if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY || h->nlmsg_len < NLMSG_LENGTH(sizeof(inet_diag_msg)))
+        return -EPROTO;
+    *uid = static_cast<const inet_diag_msg *>(NLMSG_DATA(h))->idiag_uid;
+    return 0;
+}
+
+// Whether the process listening at the link name we connected to may have the link: it must be
+// the server's. Abstract names are anybody's to bind in the network namespace, so a process that
+// took the name first would otherwise get the link and could act as the server. The name's owner
+// must be the user that owns the upgrade port's fabric listener (the server's process made both),
+// or, where the kernel does not say who owns that, this process's own user.
+bool linkOwnerTrusted(const SameHostOffer &offer, const sockaddr_storage &upgradePort, int fd)
+{
+    ucred owner{};
+    if (offer.peerCredentials(&owner) < 0)
+        return false;
+    uid_t listener = 0;
+    const int r = listenerUid(upgradePort, &listener);
+    const uid_t want = r == 0 ? listener : geteuid();
+    if (owner.uid == want)
+        return true;
+    RS_LOG_FD(Warn, fd, "switch: the same-host link's socket belongs to uid %u, not %u%s: no link",
+              static_cast<unsigned>(owner.uid), static_cast<unsigned>(want),
+              r == 0 ? " (the upgrade port's)" : "");
     return false;
 }
 
@@ -89,6 +178,10 @@ bool HybridSocket::lateLinkLocked()
         RS_LOG_FD(Debug, fd_, "switch: no same-host link (%s): over the fabric", strerror(-r));
         return false;
     }
+    sockaddr_storage port = latePeer_;
+    setPort(&port, latePort_);
+    if (!linkOwnerTrusted(offer, port, fd_))
+        return false; // closed unsent: the fabric, whose setup has the server's own word
     auto s = linkSocketLocked(offer.takeLink(), settings);
     if (!s)
         return false; // nothing was sent: the fabric

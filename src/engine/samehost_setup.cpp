@@ -414,6 +414,14 @@ int SameHostOffer::open(const sockaddr_un &a, socklen_t len, uint64_t ringSize)
     return 0;
 }
 
+int SameHostOffer::peerCredentials(ucred *out) const
+{
+    if (sock_ < 0)
+        return -ENOTCONN;
+    socklen_t len = sizeof(*out);
+    return sys::getsockopt(sock_, SOL_SOCKET, SO_PEERCRED, out, &len);
+}
+
 int SameHostOffer::send(uint64_t token)
 {
     if (sock_ < 0 || !token)

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <sys/socket.h>
 #include <sys/un.h>
 
 #include "samehost.h"
@@ -58,6 +59,9 @@ public:
     int open(const sockaddr_un &addr, socklen_t len, uint64_t ringSize);
     // This end of the link, once open() succeeded.
     std::unique_ptr<SameHostLink> takeLink() { return std::move(link_); }
+    // Who listens where open() connected (the process that bound the name, as it was then), for
+    // a caller that must know before it sends; -errno when not open.
+    int peerCredentials(ucred *out) const;
     // Sends the peer's part with token (never 0); the offer's fds are closed either way.
     int send(uint64_t token);
 

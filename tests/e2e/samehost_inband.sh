@@ -4,7 +4,8 @@
 # client whose server is on this host switches to same-host memory without loading libfabric,
 # and a hostile process that writes garbage to the name where the server takes links changes
 # nothing for the next client. A server that takes no links (RSTREAM_SAME_HOST=0) gets its
-# client over the fabric, as before.
+# client over the fabric, as before. A process of another user that took that name first gets
+# nothing (samehost_squat.py).
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -52,4 +53,35 @@ grep -q "libfabric loaded" <<<"$last_out" || fail "client3 did not load libfabri
 [ "$(stat_sum client3 fabric_connections)" -eq 1 ] || fail "client3: not switched"
 [ "$(stat_sum client3 same_host_connections)" -eq 0 ] || fail "client3: same-host"
 finish "$server_pid" || fail "the server failed: $(tail -n 3 "$work/server-nolink.log")"
+# Abstract names are anybody's: a process of another user took the link socket's name for the
+# server's upgrade port before the server (a fake shim server here, root's, whose ACCEPT names
+# that port). The client sends it nothing, since the name's owner is not the upgrade port's, and
+# stays on kernel TCP. The same squatter as root, the upgrade port's owner, does get the link,
+# which shows that the first client tried.
+squat="$(dirname "$0")/samehost_squat.py"
+for who in 65534 0; do
+	up=$(pick_port) || fail "no free port"
+	start squatter-$who plain 20 python3 "$squat" squatter "$up" "$who"
+	squatter=$last_pid
+	for _ in $(seq 100); do
+		grep -q ready "$work/squatter-$who.log" && break
+		sleep 0.05
+	done
+	grep -q ready "$work/squatter-$who.log" || fail "the squatter did not bind its name"
+	start_server fake-$who 0 plain 30 python3 "$squat" server @PORT@ "$up"
+	out=$(shim "client-squat-$who" 30 env RSTREAM_SAME_HOST=1 RSTREAM_LOG=info \
+		RSTREAM_LOG_FILE="$work/client-squat-$who.rs" python3 "$prog" client "$port" 0.3 2>&1) ||
+		fail "the client of the fake server failed: $out"
+	finish "$server_pid" || fail "the fake server failed: $(tail -n 3 "$work/fake-$who.log")"
+	finish "$squatter" || fail "the squatter failed: $(tail -n 3 "$work/squatter-$who.log")"
+	fds=$(sed -n 's/^fds //p' "$work/squatter-$who.log")
+	log "squatter uid $who: received $fds descriptors; client: $out"
+	if [ "$who" = 0 ]; then
+		[ "$fds" -eq 3 ] || fail "the squatter with the upgrade port's owner got no link"
+	else
+		[ "$fds" -eq 0 ] || fail "a squatter of another user got the client's link"
+		grep -q "belongs to uid $who, not 0" "$work/client-squat-$who.rs" ||
+			fail "the client did not refuse the squatter: $(cat "$work/client-squat-$who.rs")"
+	fi
+done
 echo PASS
