@@ -291,6 +291,8 @@ private:
     // Starts a nonblocking fabric connect (0 or -EINPROGRESS with *out set, else -errno);
     // connectFabric also waits for it, bounded by the connect timeout.
     int startFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out);
+    // An engine socket for this one's connection: its options, nonblocking.
+    std::shared_ptr<Socket> newEngineSocket(const Settings &settings);
     // The switch over a same-host link set up in-band (hybrid_link.cpp). Client: true when
     // the switch goes on over a link it sent (or gave up on sending one), false for the fabric.
     bool lateLinkLocked();

@@ -323,10 +323,9 @@ void HybridSocket::forgetRefusal()
         negativeCache().remove(key);
 }
 
-int HybridSocket::startFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out)
+std::shared_ptr<Socket> HybridSocket::newEngineSocket(const Settings &settings)
 {
-    noteEngineUsed();
-    auto s = std::make_shared<Socket>(family_, upgradeSettings());
+    auto s = std::make_shared<Socket>(family_, settings);
     std::vector<Option> options;
     {
         // Another thread may be setting one (settle() can start an attempt).
@@ -336,6 +335,13 @@ int HybridSocket::startFabric(const sockaddr *addr, socklen_t len, std::shared_p
     for (auto &o : options)
         s->setsockopt(o.level, o.name, o.value.data(), static_cast<socklen_t>(o.value.size()));
     s->setNonblocking(true);
+    return s;
+}
+
+int HybridSocket::startFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out)
+{
+    noteEngineUsed();
+    auto s = newEngineSocket(upgradeSettings());
     int r = s->connect(addr, len);
     if (r != 0 && r != -EINPROGRESS)
         return r;

@@ -141,15 +141,7 @@ bool linkOwnerTrusted(const SameHostOffer &offer, const sockaddr_storage &upgrad
 std::shared_ptr<Socket> HybridSocket::linkSocketLocked(std::unique_ptr<SameHostLink> link,
                                                        const Settings &settings)
 {
-    auto s = std::make_shared<Socket>(family_, settings);
-    std::vector<Option> options;
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        options = options_;
-    }
-    for (auto &o : options)
-        s->setsockopt(o.level, o.name, o.value.data(), static_cast<socklen_t>(o.value.size()));
-    s->setNonblocking(true);
+    auto s = newEngineSocket(settings);
     const int r =
         s->adoptSameHost(std::move(link), reinterpret_cast<sockaddr *>(&lateLocal_), lateLocalLen_,
                          reinterpret_cast<sockaddr *>(&latePeer_), latePeerLen_);

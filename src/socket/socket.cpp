@@ -282,11 +282,7 @@ int Socket::connect(const sockaddr *addr, socklen_t len)
         ret = c->connect(reinterpret_cast<sockaddr *>(&dest), dlen, true);
         if (ret != -EINPROGRESS && ret < 0)
             return ret;
-        sendRing_ = static_cast<uint32_t>(s.sendBuf);
-        conn_ = c;
-        applyKeepaliveLocked();
-        applyCorkLocked();
-        applyUserTimeoutLocked();
+        useConnectionLocked(c, s.sendBuf);
         setStateLocked(ret == 0 ? State::Connected : State::Connecting);
         connectPending_ = ret == -EINPROGRESS && nonblocking();
         if (state_ == State::Connected || nonblocking())
@@ -331,13 +327,19 @@ int Socket::adoptSameHost(std::unique_ptr<SameHostLink> link, const sockaddr *lo
                                      reinterpret_cast<sockaddr *>(&p), pl);
     if (ret < 0)
         return ret;
-    sendRing_ = static_cast<uint32_t>(s.sendBuf);
-    conn_ = c;
+    useConnectionLocked(std::move(c), s.sendBuf);
+    setStateLocked(State::Connected);
+    return 0;
+}
+
+void Socket::useConnectionLocked(std::shared_ptr<Connection> c, size_t sendBuf)
+{
+    sendRing_ = static_cast<uint32_t>(sendBuf);
+    conn_ = std::move(c);
+    // Options set before the connection existed take effect on it now.
     applyKeepaliveLocked();
     applyCorkLocked();
     applyUserTimeoutLocked();
-    setStateLocked(State::Connected);
-    return 0;
 }
 
 int Socket::shutdown(int how)

@@ -161,6 +161,8 @@ private:
     int applySettings(Settings *s);
     void refreshConnectLocked();
     void releaseProbe();
+    // The socket's connection from now on (connect, or a same-host link adopted).
+    void useConnectionLocked(std::shared_ptr<Connection> c, size_t sendBuf);
     void applyKeepaliveLocked();
     // TCP_CORK, as set, to the connection.
     void applyCorkLocked();

@@ -109,13 +109,18 @@ churn)
 	;;
 signals)
 	# Straight from the environment (no rstream-run): the default actions.
+	# A log per program: the redirection truncates its file in the child, after the shell went
+	# on, so a shared one still said "ready" from the program before, and the signal could come
+	# while the new one still ignored SIGINT (as the shell's background children do until
+	# env's --default-signal).
 	for preload in "$lib" "$librstream"; do
 		for sig in INT TERM; do
 			name="$(basename "$preload") SIG$sig"
-			env --default-signal=INT LD_PRELOAD="$preload" "$prog" pause >"$work/pause.log" 2>&1 &
+			plog="$work/pause-$(basename "$preload")-$sig.log"
+			env --default-signal=INT LD_PRELOAD="$preload" "$prog" pause >"$plog" 2>&1 &
 			pid=$!
 			pids+=("$pid")
-			ready "$work/pause.log" "$pid"
+			ready "$plog" "$pid"
 			expect_signal "$name" "$sig" "$pid"
 		done
 	done
@@ -127,14 +132,14 @@ signals)
 		pport=$(pick_port "$offset") || fail "no free port"
 		if [ "$how" = rstream-run ]; then
 			env --ignore-signal=INT "$run" --lib "$lib" -- "$prog" pause "$pport" \
-				>"$work/ignored.log" 2>&1 &
+				>"$work/ignored-$how.log" 2>&1 &
 		else
 			env --ignore-signal=INT LD_PRELOAD="$lib" "$prog" pause "$pport" \
-				>"$work/ignored.log" 2>&1 &
+				>"$work/ignored-$how.log" 2>&1 &
 		fi
 		pid=$!
 		pids+=("$pid")
-		ready "$work/ignored.log" "$pid"
+		ready "$work/ignored-$how.log" "$pid"
 		grep -q libfabric "/proc/$pid/maps" || fail "$how: libfabric is not loaded after listen()"
 		kill -INT "$pid"
 		sleep 0.5
