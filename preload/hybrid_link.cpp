@@ -9,6 +9,7 @@
 
 #include "hybrid.h"
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <linux/inet_diag.h>
@@ -130,9 +131,15 @@ bool linkOwnerTrusted(const SameHostOffer &offer, const sockaddr_storage &upgrad
     const uid_t want = r == 0 ? listener : geteuid();
     if (owner.uid == want)
         return true;
-    RS_LOG_FD(Warn, fd, "switch: the same-host link's socket belongs to uid %u, not %u%s: no link",
-              static_cast<unsigned>(owner.uid), static_cast<unsigned>(want),
-              r == 0 ? " (the upgrade port's)" : "");
+    // A warning once per process (whoever squats the names would otherwise fill the log), then
+    // at debug level.
+    static std::atomic<bool> warned{false};
+    const LogLevel level = warned.exchange(true) ? LogLevel::Debug : LogLevel::Warn;
+    if (logEnabled(level))
+        logWriteFd(level, fd,
+                   "switch: the same-host link's socket belongs to uid %u, not %u%s: no link",
+                   static_cast<unsigned>(owner.uid), static_cast<unsigned>(want),
+                   r == 0 ? " (the upgrade port's)" : "");
     return false;
 }
 
