@@ -61,7 +61,9 @@ relooks=$(awk '/^ppoll\(/ && !/tv_sec=0, tv_nsec=0\}/ && match($0, /\{fd=[0-9]+,
 sleeps=$(grep -cE '^ppoll\(.*tv_sec=[1-9]' "$work/client.strace" || true)
 log "client: $sleeps sleeps, $relooks looks at the woken socket right after one"
 [ "$sleeps" -ge $((n / 2)) ] || fail "the client slept only $sleeps times in $n connections"
-[ "$relooks" -le $((n / 10)) ] || fail "the client looked again at its socket after $relooks sleeps"
+# What this guards against looked after every sleep (39 of 39); a loaded machine showed up to
+# 5 of 40 without it (a clean-clone run, 2026-12-06), so a quarter is the bound.
+[ "$relooks" -le $((n / 4)) ] || fail "the client looked again at its socket after $relooks sleeps"
 [ "$rearms" -le 2 ] || fail "the listener was registered again $rearms times in $accepts accepts"
 [ "$looks" -le $((accepts / 4)) ] ||
 	fail "$looks of $accepts sleeps had a look in the same epoll right before them"
