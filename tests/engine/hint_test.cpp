@@ -317,8 +317,8 @@ TEST_P(HintTest, BlockingSendWaitingForASlowReaderDoesNotSpin)
     // A writer that filled the ring waits for the peer to read: room comes a little at a time,
     // and a spin would burn a CPU catching each piece (iperf3 -l 64 used 88 % of a CPU, 25 %
     // without). So a wait only for room sleeps at once, even with a 200 ms spin allowed, when
-    // the peer reads slower than a wake-up's time for what is queued (RoomRate): here a ring
-    // each 50 ms. A wait for data, the control, still spins.
+    // the peer reads slower than a wake-up's time for what is queued (RoomRate): here 64 KiB
+    // each 5 ms, after a 50 ms pause. A wait for data, the control, still spins.
     if (GetParam().strict || GetParam().iwarp)
         GTEST_SKIP() << "the default mode covers it";
     Settings client = settings();
@@ -339,6 +339,9 @@ TEST_P(HintTest, BlockingSendWaitingForASlowReaderDoesNotSpin)
             }
             queued += static_cast<size_t>(n);
         }
+        // Slow throughout: 64 KiB at most each 5 ms. A reader that drained the ring at full
+        // speed after its first pause is a fast one, for which a writer woken before the
+        // drain ended rightly spins (a fast machine's wake-up comes that soon).
         std::thread reader([&, srv = s.get()] {
             std::this_thread::sleep_for(std::chrono::milliseconds(50));
             std::vector<uint8_t> in(65536);
@@ -346,6 +349,7 @@ TEST_P(HintTest, BlockingSendWaitingForASlowReaderDoesNotSpin)
                 const ssize_t n = srv->recv(in.data(), in.size(), 0, 10000);
                 ASSERT_GT(n, 0) << strerror(int(-n));
                 got += static_cast<size_t>(n);
+                std::this_thread::sleep_for(std::chrono::milliseconds(5));
             }
         });
         EXPECT_EQ(c->send(buf.data(), buf.size(), 0, 10000), ssize_t(buf.size()));
