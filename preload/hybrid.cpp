@@ -87,6 +87,21 @@ std::pair<std::shared_ptr<Socket>, HybridSocket::Mode> HybridSocket::snapshot()
     return {sock_, mode_.load()};
 }
 
+Socket *HybridSocket::fixSocket()
+{
+    // Cheap refusals first: a look at a socket that is not a settled connection (a kernel one,
+    // a listener) must not take the lock either.
+    if (mode() != Mode::Fabric || tentative_.load(std::memory_order_acquire) || upgradePending())
+        return nullptr;
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Once settled, nothing replaces sock_ (connect, settleSlow and the upgrade set it only
+    // before; a fork child clears fixed_ before it moves sock_ away).
+    if (mode_.load() != Mode::Fabric || !sock_ || tentative_.load() || upgradePending())
+        return nullptr;
+    fixed_.store(sock_.get(), std::memory_order_release);
+    return sock_.get();
+}
+
 std::shared_ptr<Socket> HybridSocket::socket()
 {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -199,6 +214,11 @@ ssize_t HybridSocket::recv(const iovec *iov, int iovcnt, int flags)
 
 ssize_t HybridSocket::io(bool out, const iovec *iov, int iovcnt, int flags)
 {
+    if (Socket *f = fixedSocket()) {
+        const ssize_t r = out ? f->send(iov, iovcnt, flags) : f->recv(iov, iovcnt, flags);
+        countIo(out, r, flags);
+        return r;
+    }
     std::shared_ptr<Socket> s;
     Mode m;
     if (int r = settledSnapshot(wait(flags), &s, &m); r < 0)
@@ -221,11 +241,16 @@ ssize_t HybridSocket::io(bool out, const iovec *iov, int iovcnt, int flags)
     if (m != Mode::Fabric)
         return -ENOTSOCK; // the shim forwards other modes to the kernel
     ssize_t r = out ? s->send(iov, iovcnt, flags) : s->recv(iov, iovcnt, flags);
+    countIo(out, r, flags);
+    return r;
+}
+
+void HybridSocket::countIo(bool out, ssize_t r, int flags)
+{
     if (r > 0 && out)
         bytes_->sent.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
     else if (r > 0 && !(flags & MSG_PEEK))
         bytes_->received.fetch_add(static_cast<uint64_t>(r), std::memory_order_relaxed);
-    return r;
 }
 
 int HybridSocket::shutdown(int how)
@@ -462,6 +487,7 @@ void HybridSocket::markInherited()
     }
     std::lock_guard<std::mutex> lock(mutex_);
     noFabric_ = true;
+    fixed_.store(nullptr, std::memory_order_relaxed);
     // A fabric attempt in progress stays the parent's: the child's copy is inherited.
     tentative_.store(false, std::memory_order_relaxed);
     pending_.reset();

@@ -306,6 +306,17 @@ private:
     int connectFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out);
     // The engine socket and the mode, read together.
     std::pair<std::shared_ptr<Socket>, Mode> snapshot();
+    // The engine socket once it is this socket's for good (a settled fabric or same-host
+    // connection: none while connecting, in an upgrade or switch, or inherited), read without
+    // mutex_ or a reference count: the pollers' looks and the data path ask for it at every
+    // call (a lock and two atomic counts each, a fifth of a select() loop's time). sock_ keeps
+    // it alive as long as *this; null otherwise.
+    Socket *fixedSocket()
+    {
+        Socket *f = fixed_.load(std::memory_order_acquire);
+        return f ? f : fixSocket();
+    }
+    Socket *fixSocket();
     // The same after settle(). A Fabric socket waiting for libfabric to load (see connect) has
     // no engine socket yet: then -EAGAIN (Wait::No), or first the wait for the load and the
     // start of the attempt (Wait::Load), or for the attempt to settle too, as a blocking call
@@ -323,6 +334,7 @@ private:
     Wait wait(int flags); // for send and recv
     // send (out) or recv on the engine, or on the kernel fd after a fallback.
     ssize_t io(bool out, const iovec *iov, int iovcnt, int flags);
+    void countIo(bool out, ssize_t r, int flags); // the bytes a fabric io() moved, in the record
     // recvmsg and sendmsg on the kernel fd, for a socket that fell back while the caller waited.
     ssize_t kernelIo(bool out, const iovec *iov, int iovcnt, int flags);
     std::shared_ptr<Socket> socket();
@@ -376,6 +388,7 @@ private:
     // (sleepResults()): the sleep's pass << 20 and the revents; 0: nothing.
     std::atomic<uint64_t> sleepLook_{0};
 
+    std::atomic<Socket *> fixed_{nullptr}; // fixedSocket(); set once, cleared in a fork child
     std::mutex mutex_;
     std::shared_ptr<Socket> sock_; // Fabric: the connection; Listener: the fabric listener
     std::vector<Option> options_;  // set before the path was decided, replayed on it

@@ -31,6 +31,11 @@ int HybridSocket::kernelPollNow(int events)
 
 int HybridSocket::pollEvents(int events)
 {
+    if (Socket *f = fixedSocket()) {
+        if (switchedUnseen_.load(std::memory_order_relaxed))
+            switchedUnseen_.store(false, std::memory_order_relaxed);
+        return f->pollEvents(events);
+    }
     settle();
     switchedUnseen_.store(false, std::memory_order_relaxed);
     if (upgradePending()) {
@@ -81,6 +86,11 @@ int HybridSocket::pollEvents(int events)
 
 int HybridSocket::prepareWait(std::vector<pollfd> *fds, int events)
 {
+    if (Socket *f = fixedSocket()) {
+        if (switchedUnseen_.exchange(false, std::memory_order_acq_rel))
+            return -EAGAIN;
+        return f->prepareWait(fds, events);
+    }
     settle();
     if (late())
         return lateWaitFds(fds, events);
@@ -121,6 +131,10 @@ int HybridSocket::prepareWait(std::vector<pollfd> *fds, int events)
 
 void HybridSocket::addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered)
 {
+    if (Socket *f = fixedSocket()) {
+        f->addWaiter(eventFd, registered);
+        return;
+    }
     settle();
     if (upgradePending()) {
         upgradeAddWaiter(eventFd, registered);
@@ -136,14 +150,14 @@ std::shared_ptr<Connection> HybridSocket::hintConnection()
 {
     // Only a settled fabric socket: in the upgrade's steps (late ones included) looks go to the
     // kernel fd too, and make progress as they always did.
-    if (tentative_.load(std::memory_order_acquire) || upgradePending())
-        return nullptr;
-    auto [s, m] = snapshot();
-    return m == Mode::Fabric && s ? s->hintConnection() : nullptr;
+    Socket *f = fixedSocket();
+    return f ? f->hintConnection() : nullptr;
 }
 
 uint64_t HybridSocket::generation(int events)
 {
+    if (Socket *f = fixedSocket())
+        return f->generation(events);
     std::shared_ptr<Socket> s = socket();
     // Not while a late switch finishes (late()): readiness comes from the kernel connection's
     // last bytes then, and bytes already in the engine connection become readable only when
@@ -177,6 +191,8 @@ int HybridSocket::lookFds(std::vector<pollfd> *fds)
         kernelLook_.store(pass << 20, std::memory_order_relaxed);
         return 1;
     }
+    if (mode() != Mode::Listener)
+        return 0;
     auto [s, m] = snapshot();
     if (m != Mode::Listener)
         return 0;
@@ -237,6 +253,8 @@ bool HybridSocket::roomSoon()
     // After a switch the writes go to its connection (latePollEvents asks it for POLLOUT).
     if (upgrade_.load(std::memory_order_acquire) == Upgrade::LateSwitch)
         return upSock_->roomSoon();
+    if (Socket *f = fixedSocket())
+        return f->roomSoon();
     auto [s, m] = snapshot();
     return s && m == Mode::Fabric ? s->roomSoon() : true;
 }
