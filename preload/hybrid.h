@@ -301,6 +301,7 @@ private:
     void noteLinkPossible(const UpgradeListener &ul);
     std::shared_ptr<Socket> claimLinkLocked();
     void dropLinkLocked();
+    int linkWaitFdsLocked(std::vector<pollfd> *fds); // LateServer: a link's arrival wakes a poller
     std::shared_ptr<Socket> linkSocketLocked(std::unique_ptr<SameHostLink> link,
                                              const Settings &settings);
     int connectFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out);

@@ -229,6 +229,21 @@ std::shared_ptr<Socket> HybridSocket::claimLinkLocked()
     return s;
 }
 
+int HybridSocket::linkWaitFdsLocked(std::vector<pollfd> *fds)
+{
+    // The link's arrival wakes a server asleep on the connection (its client, waiting for the
+    // switch's count, may write nothing until then): the inbox's names' fds. Arrived: the
+    // next look claims it, the once-a-millisecond pace aside.
+    if (!linkPossible_)
+        return 0;
+    const int r = sameHostWaitFds(pendingToken_, Connection::HintPass::current(), fds);
+    if (r == -EAGAIN) {
+        linkLookMs_ = 0;
+        return r;
+    }
+    return 0;
+}
+
 void HybridSocket::dropLinkLocked()
 {
     // A link that comes later finds no arrival of its token taken: dropped with the inbox's

@@ -328,9 +328,11 @@ int HybridSocket::lateWaitFds(std::vector<pollfd> *fds, int events)
         fds->push_back({fd_, static_cast<short>(events), 0});
         if (acceptOwed_.load(std::memory_order_acquire))
             break; // no token before the ACCEPT; a look sends it once due
-        if (pendingUl_)
+        if (pendingUl_) {
             r = pendingUl_->prepareWait(fds);
-        else if (upSock_)
+            if (r == 0)
+                r = linkWaitFdsLocked(fds);
+        } else if (upSock_)
             fds->push_back({fd_, POLLOUT, 0}); // claimed, a write under way: when it ends
         break;
     case Upgrade::LateSwitch:

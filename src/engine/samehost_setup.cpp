@@ -157,34 +157,34 @@ public:
         std::lock_guard<std::mutex> lock(mutex_);
         if (fd_ < 0 && aliases_.empty())
             return -ENOTCONN;
+        const size_t i = sweepLocked(token);
+        if (i == arrivals_.size())
+            return -EAGAIN;
+        *out = arrivals_[i];
+        arrivals_.erase(arrivals_.begin() + static_cast<long>(i));
+        return 0;
+    }
+
+    // For a poller that waits for the arrival with this token: -EAGAIN when it is there (a look
+    // takes it), else 0 with the fds that turn readable when something comes to the names
+    // (their listening sockets, arrivals not read yet), appended once a pass (HintPass: every
+    // socket that waits for a link asks, and they are the same fds).
+    int waitFds(uint64_t token, uint64_t pass, std::vector<pollfd> *fds)
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (aliases_.empty())
+            return -ENOTCONN;
+        if (sweepLocked(token) != arrivals_.size())
+            return -EAGAIN;
+        if (pass && pass == waitPass_)
+            return 0;
+        waitPass_ = pass;
         for (int l : aliases_)
-            acceptAllLocked(l);
-        if (fd_ >= 0)
-            acceptAllLocked(fd_);
-        const int64_t now = nowNs();
-        for (size_t i = 0; i < arrivals_.size();) {
-            Arrival &a = arrivals_[i];
-            // Accepted between its sender's connect and its write: kept until it writes.
-            const int r = a.memfd < 0 ? readArrival(&a) : 0;
-            if (r < 0 && (r != -EAGAIN || now - a.sinceNs > kArrivalTtlNs)) {
-                dropLocked(i);
-                continue;
-            }
-            if (a.memfd >= 0 && a.token == token) {
-                *out = a;
-                arrivals_.erase(arrivals_.begin() + static_cast<long>(i));
-                return 0;
-            }
-            if (now - a.sinceNs > kArrivalTtlNs) {
-                dropLocked(i);
-                continue;
-            }
-            i++;
-        }
-        // Whoever fills the inbox with sockets of no connection only delays their own.
-        while (arrivals_.size() > kMaxArrivals)
-            dropLocked(0);
-        return -EAGAIN;
+            fds->push_back({l, POLLIN, 0});
+        for (const Arrival &a : arrivals_)
+            if (a.memfd < 0)
+                fds->push_back({a.sock, POLLIN, 0});
+        return 0;
     }
 
     // A fork child has a copy of the parent's inbox socket: the inbox is the parent's, the
@@ -206,6 +206,45 @@ public:
     }
 
 private:
+    // Accepts what came, reads the arrivals that wrote, drops the bad and the stale: the index
+    // of the arrival with token, or arrivals_.size() when it is not there.
+    size_t sweepLocked(uint64_t token)
+    {
+        for (int l : aliases_)
+            acceptAllLocked(l);
+        if (fd_ >= 0)
+            acceptAllLocked(fd_);
+        const int64_t now = nowNs();
+        size_t found = SIZE_MAX;
+        for (size_t i = 0; i < arrivals_.size();) {
+            Arrival &a = arrivals_[i];
+            // Accepted between its sender's connect and its write: kept until it writes.
+            const int r = a.memfd < 0 ? readArrival(&a) : 0;
+            if (r < 0 && (r != -EAGAIN || now - a.sinceNs > kArrivalTtlNs)) {
+                dropLocked(i);
+                continue;
+            }
+            if (a.memfd >= 0 && a.token == token && found == SIZE_MAX) {
+                found = i++;
+                continue;
+            }
+            if (now - a.sinceNs > kArrivalTtlNs) {
+                dropLocked(i);
+                continue;
+            }
+            i++;
+        }
+        // Whoever fills the inbox with sockets of no connection only delays their own.
+        while (arrivals_.size() > kMaxArrivals) {
+            if (found == 0)
+                return 0; // the oldest is the one asked for: it goes to its taker now
+            dropLocked(0);
+            if (found != SIZE_MAX)
+                found--;
+        }
+        return found == SIZE_MAX ? arrivals_.size() : found;
+    }
+
     void acceptAllLocked(int listening)
     {
         for (;;) {
@@ -298,6 +337,7 @@ private:
     bool failed_ = false;
     std::vector<int> aliases_; // listening sockets of the names added by addAlias()
     std::vector<Arrival> arrivals_;
+    uint64_t waitPass_ = 0; // the poller's pass that waitFds() last gave the fds to
 };
 
 [[maybe_unused]] const int gForkHandlers =
@@ -471,6 +511,11 @@ int acceptSameHost(const wire::Hello &peer, uint64_t ringSize, std::unique_ptr<S
 int addSameHostName(const std::string &name)
 {
     return Inbox::instance().addAlias(name);
+}
+
+int sameHostWaitFds(uint64_t token, uint64_t pass, std::vector<pollfd> *fds)
+{
+    return Inbox::instance().waitFds(token, pass, fds);
 }
 
 int collectSameHost(uint64_t token, int timeoutMs, std::unique_ptr<SameHostLink> *out)

@@ -13,9 +13,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <poll.h>
 #include <string>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <vector>
 
 #include "samehost.h"
 #include "settings.h"
@@ -71,6 +73,12 @@ private:
     int fds_[3] = {-1, -1, -1}; // the region, the peer's sleep end, the write end of ours
     std::unique_ptr<SameHostLink> link_;
 };
+
+// For a poller that waits for the link sent with token to a name added by addSameHostName():
+// -EAGAIN when it is there (collectSameHost() takes it), -ENOTCONN when no name was added, else
+// 0 with the fds that turn readable when a link comes (appended once per HintPass pass: the
+// same for every socket that waits for one; pass 0: always).
+int sameHostWaitFds(uint64_t token, uint64_t pass, std::vector<pollfd> *fds);
 
 // The connecting end, once the peer's answer echoed token: the link the peer sent, waiting up
 // to timeoutMs for it to arrive. -errno when it did not come or is not acceptable.

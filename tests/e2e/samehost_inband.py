@@ -1,13 +1,21 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 # Both ends of samehost_inband.sh, and its hostile third process.
-# Usage: samehost_inband.py server PORT CONNECTIONS | client PORT SECONDS | hostile NAME
+# Usage: samehost_inband.py server PORT CONNECTIONS | client PORT SECONDS | hostile NAME |
+#        push PORT | pushed PORT | claimed RSTREAM_LOG PUSH_LOG
 #   server   echoes CONNECTIONS connections, one after the other, each to its end
+#   push     answers a connection's "hi", sleeps in poll() on it for 1 s, then writes "push"
+#            (printing when) and reads it to its end
+#   pushed   says "hi", reads the answer, waits 0.2 s and reads the push in one blocking recv
+#   claimed  prints how many seconds before the push the push server's shim claimed the link
 #   client   echoes 64 KiB blocks for SECONDS (past the 50 ms after which a connection switches,
 #            or libfabric's load), then says whether this process mapped libfabric
 #   hostile  connects to the abstract socket NAME three times: 9 bytes of garbage, a token alone
 #            without the fds a link brings, and nothing at all
+import datetime
 import os
+import re
+import select
 import socket
 import sys
 import time
@@ -25,6 +33,48 @@ if role == "server":
                 break
             c.sendall(d)
         c.close()
+    sys.exit(0)
+
+if role == "push":
+    srv = socket.create_server(("127.0.0.1", int(sys.argv[2])))
+    c, _ = srv.accept()
+    if c.recv(2) != b"hi":
+        sys.exit("push: no hi")
+    c.sendall(b"hi")
+    p = select.poll()
+    p.register(c, select.POLLIN)
+    if p.poll(1000):
+        sys.exit("push: the connection turned readable while the client waited")
+    print("push at %.6f" % time.time(), flush=True)
+    c.sendall(b"push")
+    if c.recv(16) != b"":
+        sys.exit("push: bytes after the push")
+    sys.exit(0)
+
+if role == "pushed":
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[2])), timeout=10)
+    s.sendall(b"hi")
+    if s.recv(2) != b"hi":
+        sys.exit("pushed: no answer")
+    time.sleep(0.2)
+    got = s.recv(16)
+    if got != b"push":
+        sys.exit("pushed: read %r" % got)
+    s.close()
+    print("pushed: got the push")
+    sys.exit(0)
+
+if role == "claimed":
+    claimed = pushed = None
+    for line in open(sys.argv[2]):
+        m = re.search(r"(\d{4}-\d\d-\d\dT[\d:.]+)Z .*same-host link claimed", line)
+        if m:
+            claimed = datetime.datetime.fromisoformat(m.group(1)).replace(
+                tzinfo=datetime.timezone.utc).timestamp()
+    for line in open(sys.argv[3]):
+        if line.startswith("push at "):
+            pushed = float(line.split()[2])
+    print("none" if claimed is None or pushed is None else "%.3f" % (pushed - claimed))
     sys.exit(0)
 
 if role == "hostile":

@@ -5,7 +5,7 @@
 # and a hostile process that writes garbage to the name where the server takes links changes
 # nothing for the next client. A server that takes no links (RSTREAM_SAME_HOST=0) gets its
 # client over the fabric, as before. A process of another user that took that name first gets
-# nothing (samehost_squat.py).
+# nothing (samehost_squat.py). A server asleep on the connection is woken by the link.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -43,6 +43,22 @@ grep -q "libfabric not loaded" <<<"$last_out" || fail "client2 loaded libfabric"
 finish "$server_pid" || fail "the server failed: $(tail -n 3 "$work/server.log")"
 [ "$(stat_sum server same_host_connections)" -eq 2 ] || fail "server: not 2 same-host connections"
 [ "$(stat_sum server fallback_connections)" -eq 0 ] || fail "server: a connection fell back"
+
+# A server asleep on the connection when the link comes is woken to claim it: its client, whose
+# blocking read sent the link, has its switch done at once, not when the server next writes
+# (its push, 1 s later).
+start_server server-push 1 shim server-push 30 env RSTREAM_SAME_HOST=1 RSTREAM_LOG=debug \
+	RSTREAM_LOG_FILE="$work/server-push.rs" python3 "$prog" push @PORT@
+out=$(shim pushed 30 env RSTREAM_SAME_HOST=1 python3 "$prog" pushed "$port" 2>&1) ||
+	fail "the pushed client failed: $out"
+finish "$server_pid" || fail "the push server failed: $(tail -n 3 "$work/server-push.log")"
+[ "$(stat_sum pushed same_host_connections)" -eq 1 ] || fail "pushed: not same-host"
+early=$(python3 "$(dirname "$0")/samehost_inband.py" claimed "$work/server-push.rs" \
+	"$work/server-push.log")
+log "push server: the link claimed $early s before the push"
+[ "$early" != none ] || fail "push server: no claim or no push logged"
+python3 -c "import sys; sys.exit(0 if float('$early') > 0.5 else 1)" ||
+	fail "the sleeping server claimed the link only $early s before its push (not woken)"
 
 # A server that takes no links: its client goes over the fabric, once libfabric has loaded
 # (0.3-1.2 s here).

@@ -2,19 +2,24 @@
 // A process's same-host inbox: what a third party sends there is never taken for a link, and an
 // honest sender's arrival is taken whenever its bytes come.
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <string>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "hint_pass.h"
 #include "samehost.h"
 #include "samehost_fixture.h"
 #include "samehost_setup.h"
@@ -213,6 +218,55 @@ TEST_F(SameHostInbox, ALinkSentToANameTheInboxAnswersToCarriesAConnection)
                               sizeof(client), reinterpret_cast<sockaddr *>(&server),
                               sizeof(server)),
               -EISCONN);
+}
+
+TEST_F(SameHostInbox, ALinksArrivalWakesAPollerWaitingForIt)
+{
+    // A server asleep on a connection whose client sends a link must wake for it: the fds the
+    // inbox gives a waiter turn readable when a link comes, and the waiter then learns that
+    // its link is there.
+    const std::string name = "rstream-test-wake/" + std::to_string(getpid());
+    const uint64_t token = 0x0badc0ffee0ddf00ull;
+    std::vector<pollfd> fds;
+    ASSERT_EQ(addSameHostName(name), 0);
+    ASSERT_EQ(sameHostWaitFds(token, 0, &fds), 0);
+    ASSERT_FALSE(fds.empty());
+    EXPECT_EQ(poll(fds.data(), fds.size(), 0), 0);
+    {
+        // Every socket that waits asks; a pass gets the fds once.
+        HintPass pass;
+        std::vector<pollfd> first, second;
+        EXPECT_EQ(sameHostWaitFds(token, HintPass::current(), &first), 0);
+        EXPECT_EQ(sameHostWaitFds(token + 1, HintPass::current(), &second), 0);
+        EXPECT_FALSE(first.empty());
+        EXPECT_TRUE(second.empty());
+    }
+
+    // Another connection's link wakes the waiter too, which then keeps waiting for its own.
+    std::atomic<int> woke{-1};
+    std::thread sleeper([&] {
+        std::vector<pollfd> mine = fds;
+        woke = poll(mine.data(), mine.size(), 5000);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    SameHostOffer other;
+    ASSERT_EQ(other.open(name, 256 * 1024), 0);
+    ASSERT_EQ(other.send(token + 1), 0);
+    sleeper.join();
+    EXPECT_GT(woke.load(), 0) << "the link's arrival did not wake the poller";
+    fds.clear();
+    EXPECT_EQ(sameHostWaitFds(token, 0, &fds), 0);
+    EXPECT_EQ(poll(fds.data(), fds.size(), 0), 0) << "still readable after the look";
+
+    SameHostOffer mine;
+    ASSERT_EQ(mine.open(name, 256 * 1024), 0);
+    ASSERT_EQ(mine.send(token), 0);
+    ASSERT_EQ(poll(fds.data(), fds.size(), 5000), 1);
+    fds.clear();
+    EXPECT_EQ(sameHostWaitFds(token, 0, &fds), -EAGAIN); // here: a look takes it
+    std::unique_ptr<SameHostLink> link;
+    EXPECT_EQ(collectSameHost(token, 0, &link), 0);
+    EXPECT_EQ(collectSameHost(token + 1, 0, &link), 0);
 }
 
 } // namespace
