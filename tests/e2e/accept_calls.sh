@@ -52,18 +52,26 @@ looks=$(awk '/^epoll_wait\([0-9]+, .*, 0\) += 0$/ { split($0, a, /[(,]/); look =
 calls=$(grep -cvE '^(\+\+\+|---)' "$trace" || true)
 log "$accepts connections: $calls system calls ($((calls * 10 / accepts)) tenths a connection)," \
 	"$rearms registrations of the listener, $looks looks right before a sleep"
-# The client's look at its socket right after a sleep that saw the answer there (a ppoll of
-# that fd alone): the sleep's answer is the look.
-relooks=$(awk '/^ppoll\(/ && !/tv_sec=0, tv_nsec=0\}/ && match($0, /\{fd=[0-9]+, revents=POLLIN/) {
+# The client's look at its socket right after a sleep for its answer (the program's timeout,
+# a second or more) that saw the answer there (a ppoll of that fd alone): the sleep's answer is
+# the look. (A sleep of the switch's next step, bounded by its 50 ms, is not one: there the
+# server's upgrade answer came before its response, and the shim's own fds are in the sleep.)
+relooks=$(awk '/^ppoll\(.*tv_sec=[1-9]/ && match($0, /\{fd=[0-9]+, revents=POLLIN/) {
 		woke = substr($0, RSTART + 4, RLENGTH - 4); sub(/,.*/, "", woke); next }
 	woke != "" && index($0, "ppoll([{fd=" woke ", events=") == 1 && /\], 1, \{tv_sec=0, tv_nsec=0\}/ { n++ }
 	{ woke = "" } END { print n + 0 }' "$work/client.strace")
 sleeps=$(grep -cE '^ppoll\(.*tv_sec=[1-9]' "$work/client.strace" || true)
 log "client: $sleeps sleeps, $relooks looks at the woken socket right after one"
-[ "$sleeps" -ge $((n / 2)) ] || fail "the client slept only $sleeps times in $n connections"
 # What this guards against looked after every sleep (39 of 39); a loaded machine showed up to
-# 5 of 40 without it (a clean-clone run, 2026-12-06), so a quarter is the bound.
-[ "$relooks" -le $((n / 4)) ] || fail "the client looked again at its socket after $relooks sleeps"
+# 5 of 40 without it (a clean-clone run, 2026-12-06), so a quarter is the bound. A machine
+# loaded enough makes the client find its answers without sleeping (6 of 40 beside two CPU
+# hogs): too few sleeps to tell, not judged.
+if [ "$sleeps" -ge $((n / 4)) ]; then
+	[ "$relooks" -le $((sleeps / 4)) ] ||
+		fail "the client looked again at its socket after $relooks of $sleeps sleeps"
+else
+	log "the client slept only $sleeps times in $n connections (load): its looks not judged"
+fi
 [ "$rearms" -le 2 ] || fail "the listener was registered again $rearms times in $accepts accepts"
 [ "$looks" -le $((accepts / 4)) ] ||
 	fail "$looks of $accepts sleeps had a look in the same epoll right before them"
