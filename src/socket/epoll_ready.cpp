@@ -38,6 +38,7 @@ constexpr int64_t kParkAfterNs = 50'000;
 // redis-benchmark's 50 connections (each answered every 100-250 us) were over a limit of 32:
 // at 64 its rate rose by a quarter and both ends' CPU per request fell by a fifth. At 128,
 // wrk's 100 connections a thread (-c 200) gained nothing and its looks cost it 15 % more CPU.
+// Counted as the entries active now (activeCount_), not the keys waiting to be looked at.
 constexpr size_t kFewActive = 64;
 constexpr int64_t kParkAfterFewNs = 1'000'000;
 
@@ -85,6 +86,7 @@ void EpollSet::forgetAfterForkLocked()
     // never marked (not parked), and the shared fds are the child's copies to close.
     forkGen_ = forkGeneration();
     active_.clear();
+    activeCount_ = 0;
     for (auto &e : entries_) {
         if (e.slot)
             e.slot->parked.store(false);
@@ -101,7 +103,8 @@ void EpollSet::forgetAfterForkLocked()
         e.parked = false;
         e.fired = false;
         e.idleSinceNs = 0;
-        e.active = !e.disabled;
+        e.active = false;
+        setActiveLocked(e, !e.disabled);
         if (e.active)
             active_.push_back(keyOf(e));
     }
@@ -266,7 +269,7 @@ int EpollSet::parkLocked(Entry &e, int64_t idleNs)
     const uint64_t key = keyOf(e);
     const bool sameHost = c->sameHost();
     const bool arm =
-        idleNs >= (sameHost && active_.size() <= kFewActive ? kParkAfterFewNs : kParkAfterNs);
+        idleNs >= (sameHost && activeCount_ <= kFewActive ? kParkAfterFewNs : kParkAfterNs);
     // Woken by its fd, an entry arms again even if its connection still counts as armed: the
     // look may not have read what made the fd readable (a same-host link's look reads shared
     // memory, not its socket, where the peer's end shows). A fabric one at once (its looks cost
@@ -462,12 +465,12 @@ int EpollSet::parkAllLocked(std::vector<std::shared_ptr<Pollable>> *socks,
         Entry *e = findLocked(key);
         if (!e || !e->active || e->disabled) {
             if (e && e->disabled)
-                e->active = false;
+                setActiveLocked(*e, false);
             continue;
         }
         const int r = result == -EAGAIN ? 0 : parkLocked(*e, INT64_MAX);
         if (r == 1) {
-            e->active = false;
+            setActiveLocked(*e, false);
             continue;
         }
         keep_.push_back(key);

@@ -47,7 +47,7 @@ void EpollSet::activateLocked(Entry &e)
     }
     e.idleSinceNs = 0;
     if (!e.active) {
-        e.active = true;
+        setActiveLocked(e, true);
         active_.push_back(keyOf(e));
     }
 }
@@ -101,6 +101,7 @@ int EpollSet::ctl(int op, int fd, const epoll_event *event, const std::shared_pt
         if (nextSerial_ == 0)
             nextSerial_ = 1; // key 0 is the marks' (see readyLocked())
         active_.push_back(keyOf(entries_.back()));
+        activeCount_++; // made active
         return 0;
     case EPOLL_CTL_MOD:
         if (!e) {
@@ -130,6 +131,7 @@ void EpollSet::eraseLocked(size_t i)
 {
     // Its key in active_ finds no entry any more, and is dropped at the next look.
     unwatchLocked(entries_[i]);
+    setActiveLocked(entries_[i], false);
     index_.erase(entries_[i].fd);
     if (i + 1 != entries_.size()) {
         entries_[i] = std::move(entries_.back());
@@ -235,7 +237,7 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
         if (!e || !e->active)
             continue; // gone, or listed twice
         if (e->disabled) {
-            e->active = false;
+            setActiveLocked(*e, false);
             continue;
         }
         std::shared_ptr<Pollable> s = e->sock.lock();
@@ -286,7 +288,7 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
             e->idleSinceNs = 0;
             if (e->events & EPOLLONESHOT) {
                 e->disabled = true;
-                e->active = false;
+                setActiveLocked(*e, false);
                 continue;
             }
             keep_.push_back(key);
@@ -299,7 +301,7 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
         // Connections the look armed park at once; the others once idle for a while (arming a
         // same-host link makes its peer write a wake-up byte for what it sends next).
         if (parkLocked(*e, now - e->idleSinceNs) == 1) {
-            e->active = false;
+            setActiveLocked(*e, false);
             continue;
         }
         keep_.push_back(key);

@@ -194,7 +194,17 @@ private:
     std::unordered_map<int, size_t> index_; // fd -> its entry
     uint32_t nextSerial_ = 1;
     std::vector<uint64_t> active_; // keys of the active entries, in the order they are looked at
-    std::vector<uint64_t> keep_;   // collect()'s scratch for the next active_
+    // The entries active now: active_ also holds the keys of entries gone since its last look (a
+    // program that deletes and adds its sockets at every request leaves one each time), which
+    // counted as members made sets of a few look like many (parkLocked()).
+    size_t activeCount_ = 0;
+    void setActiveLocked(Entry &e, bool on)
+    {
+        if (e.active != on)
+            on ? activeCount_++ : activeCount_--;
+        e.active = on;
+    }
+    std::vector<uint64_t> keep_; // collect()'s scratch for the next active_
     // Parking: the hint epoll (its key 0 is the marks' eventfd, key 1 the kernel's epoll where
     // it could be nested), the marks, and which entry's key each registered hint fd carries.
     int hintEp_ = -1;
