@@ -90,6 +90,12 @@ public:
     // Tests: members looked at by the waits so far, and members parked now.
     uint64_t looks() const { return looks_.load(std::memory_order_relaxed); }
     size_t parkedCount();
+    // Tests: the members active now, as parking counts them (kFewActive).
+    size_t activeCount()
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return activeCount_;
+    }
     // Whether the kernel's epoll is nested in the hint epoll (false until a member is watched).
     bool kernelNested();
 
