@@ -74,7 +74,9 @@ std::shared_ptr<HybridSocket> unlessKernel(std::shared_ptr<HybridSocket> s)
     if (!s)
         return nullptr;
     s->settle();
-    return s->mode() == HybridSocket::Mode::Kernel && !s->upgradePending() ? nullptr : s;
+    if (s->mode() == HybridSocket::Mode::Kernel && !s->upgradePending())
+        return nullptr;
+    return s; // moved: a conditional expression would copy it (two atomic counts a lookup)
 }
 
 } // namespace

@@ -112,6 +112,8 @@ std::shared_ptr<Socket> HybridSocket::socket()
 HybridSocket::~HybridSocket()
 {
     dropBeaconsLocked();
+    if (const int ep = lookEp_.load(std::memory_order_relaxed); ep >= 0)
+        sys::close(ep);
     if (pendingUl_) {
         pendingUl_->forget(pendingToken_); // a token nobody will claim
         dropLinkLocked();
@@ -488,6 +490,10 @@ void HybridSocket::markInherited()
     std::lock_guard<std::mutex> lock(mutex_);
     noFabric_ = true;
     fixed_.store(nullptr, std::memory_order_relaxed);
+    fixedListen_.store(nullptr, std::memory_order_relaxed);
+    // The look epoll is shared with the parent, and holds its fabric listener's fds.
+    if (const int ep = lookEp_.exchange(-1, std::memory_order_relaxed); ep >= 0)
+        sys::close(ep);
     // A fabric attempt in progress stays the parent's: the child's copy is inherited.
     tentative_.store(false, std::memory_order_relaxed);
     pending_.reset();

@@ -175,10 +175,12 @@ public:
     void addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered) override;
     uint64_t generation(int events) override;
     std::shared_ptr<Connection> hintConnection() override;
-    // A listener's: its kernel fd, then its engine socket's (Socket::lookFds). A socket in its
-    // upgrade or switch, still on kernel TCP: its kernel fd, whose revents the pass's first
-    // kernelPollNow() then answers with.
+    std::shared_ptr<Connection> passHintConnection() override;
+    // A listener's: its look epoll, else its kernel fd, then its engine socket's
+    // (Socket::lookFds). A socket in its upgrade or switch, still on kernel TCP: its kernel fd,
+    // whose revents the pass's first kernelPollNow() then answers with.
     int lookFds(std::vector<pollfd> *fds) override;
+    bool lookIsEpoll() override;
     void lookResults(const pollfd *fds) override;
     void sleepResults(const pollfd *fds, int n) override;
     // In its upgrade, waiting for the peer's first bytes (the server for the offer, the client
@@ -390,6 +392,16 @@ private:
     std::atomic<uint64_t> sleepLook_{0};
 
     std::atomic<Socket *> fixed_{nullptr}; // fixedSocket(); set once, cleared in a fork child
+    // A listener's fabric listener, read without mutex_ (sock_ keeps it alive; it never changes
+    // once listening) by the looks that each pass of a poller makes; cleared in a fork child.
+    std::atomic<Socket *> fixedListen_{nullptr};
+    // A listener's look epoll: its kernel fd and its fabric listener's two fds, so that a look
+    // asks one fd (lookFds(): an epoll_wait, when it is all a pass checks); -1: none (a fork
+    // child, or none could be made). Closed with the last reference: a pass may still use it.
+    std::atomic<int> lookEp_{-1};
+    void openLookEpoll(Socket &s);                 // mutex_ held
+    int listenerPollEvents(Socket *s, int events); // Mode::Listener; s: its fabric listener
+    static constexpr uint64_t kLookEpoll = uint64_t(1) << 18; // listenLook_: through lookEp_
     std::mutex mutex_;
     std::shared_ptr<Socket> sock_; // Fabric: the connection; Listener: the fabric listener
     std::vector<Option> options_;  // set before the path was decided, replayed on it

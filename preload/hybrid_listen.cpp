@@ -8,6 +8,7 @@
 #include <cstring>
 #include <ctime>
 #include <fcntl.h>
+#include <sys/epoll.h>
 
 #include "clock.h"
 #include "hybrid_internal.h"
@@ -118,6 +119,8 @@ int HybridSocket::listen(int backlog)
     int fl = sys::fcntl(fd_, F_GETFL);
     if (fl >= 0)
         sys::fcntl(fd_, F_SETFL, fl | O_NONBLOCK);
+    openLookEpoll(*s);
+    fixedListen_.store(s.get(), std::memory_order_release);
     sock_ = std::move(s);
     appPort_ = port;
     beaconAddr_ = local;
@@ -127,6 +130,29 @@ int HybridSocket::listen(int backlog)
     mode_.store(Mode::Listener, std::memory_order_release);
     RS_LOG_FD(Debug, fd_, "listening on port %d: kernel TCP and fabric port %d", port, fport);
     return 0;
+}
+
+void HybridSocket::openLookEpoll(Socket &s)
+{
+    int waitFd, readyFd;
+    if (!s.listenerFds(&waitFd, &readyFd))
+        return;
+    const int ep = sys::epollCreate1(EPOLL_CLOEXEC);
+    if (ep < 0)
+        return; // the looks ask the three fds
+    int r = 0;
+    for (const int fd : {fd_, waitFd, readyFd}) {
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.fd = fd;
+        if (r == 0)
+            r = sys::epollCtl(ep, EPOLL_CTL_ADD, fd, &ev);
+    }
+    if (r < 0) {
+        sys::close(ep);
+        return;
+    }
+    lookEp_.store(ep, std::memory_order_release);
 }
 
 socklen_t HybridSocket::acceptedLocal(sockaddr_storage *out)

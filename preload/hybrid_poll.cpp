@@ -29,6 +29,18 @@ int HybridSocket::kernelPollNow(int events)
     return r > 0 ? p.revents : 0;
 }
 
+int HybridSocket::listenerPollEvents(Socket *s, int events)
+{
+    // In a hint pass the kernel fd was checked with the others (lookResults()).
+    const uint64_t pass = Connection::HintPass::current();
+    const uint64_t look = listenLook_.load(std::memory_order_relaxed);
+    int rev = pass && look >> 24 == pass && (look & kLookDone) ? int(look & 0xffff)
+                                                               : kernelPollNow(POLLIN);
+    if (s)
+        rev |= s->pollEvents(POLLIN);
+    return rev & (events | POLLERR | POLLHUP);
+}
+
 int HybridSocket::pollEvents(int events)
 {
     if (Socket *f = fixedSocket()) {
@@ -36,6 +48,8 @@ int HybridSocket::pollEvents(int events)
             switchedUnseen_.store(false, std::memory_order_relaxed);
         return f->pollEvents(events);
     }
+    if (Socket *l = fixedListen_.load(std::memory_order_acquire))
+        return listenerPollEvents(l, events);
     settle();
     switchedUnseen_.store(false, std::memory_order_relaxed);
     if (upgradePending()) {
@@ -67,16 +81,8 @@ int HybridSocket::pollEvents(int events)
         }
         return rev;
     }
-    case Mode::Listener: {
-        // In a hint pass the kernel fd was checked with the others (lookResults()).
-        const uint64_t pass = Connection::HintPass::current();
-        const uint64_t look = listenLook_.load(std::memory_order_relaxed);
-        int rev = pass && look >> 24 == pass && (look & kLookDone) ? int(look & 0xffff)
-                                                                   : kernelPollNow(POLLIN);
-        if (s)
-            rev |= s->pollEvents(POLLIN);
-        return rev & (events | POLLERR | POLLHUP);
-    }
+    case Mode::Listener:
+        return listenerPollEvents(s.get(), events);
     case Mode::Inherited:
         return POLLERR | POLLHUP;
     default:
@@ -174,6 +180,12 @@ uint64_t HybridSocket::generation(int events)
     return (uint64_t(1) << 63) | kernelGen_.fetch_add(1, std::memory_order_relaxed);
 }
 
+std::shared_ptr<Connection> HybridSocket::passHintConnection()
+{
+    Socket *f = fixedSocket();
+    return f ? f->passHintConnection() : nullptr;
+}
+
 int HybridSocket::lookFds(std::vector<pollfd> *fds)
 {
     const uint64_t pass = Connection::HintPass::current();
@@ -193,6 +205,17 @@ int HybridSocket::lookFds(std::vector<pollfd> *fds)
     }
     if (mode() != Mode::Listener)
         return 0;
+    if (Socket *l = fixedListen_.load(std::memory_order_acquire)) {
+        if (const int ep = lookEp_.load(std::memory_order_acquire); ep >= 0) {
+            // The engine socket arms its hint (or not) as for a look of its own fds; the one
+            // fd stands for them and the kernel fd.
+            const int n = l->lookFds(nullptr);
+            fds->push_back({ep, POLLIN, 0});
+            listenLook_.store(pass << 24 | uint64_t(n) << 20 | kLookEpoll,
+                              std::memory_order_relaxed);
+            return 1;
+        }
+    }
     auto [s, m] = snapshot();
     if (m != Mode::Listener)
         return 0;
@@ -214,11 +237,29 @@ void HybridSocket::lookResults(const pollfd *fds)
     if (look >> 24 != pass || (look & kLookDone))
         return; // another thread's pass took the word: this look asks the kernel itself
     const int n = int(look >> 20 & 0xf);
+    if (look & kLookEpoll) {
+        // Something is ready: the looks ask each fd themselves (a connection to accept is
+        // rare beside the data a loop waits for). Nothing: all three are quiet.
+        if (fds[0].revents)
+            return;
+        if (Socket *l = fixedListen_.load(std::memory_order_acquire); l && n > 0) {
+            const pollfd quiet[2] = {};
+            l->lookResults(quiet);
+        }
+        listenLook_.compare_exchange_strong(look, look | kLookDone, std::memory_order_relaxed);
+        return;
+    }
     if (n > 0)
         if (auto s = socket())
             s->lookResults(fds + 1);
     listenLook_.compare_exchange_strong(look, look | kLookDone | uint16_t(fds[0].revents),
                                         std::memory_order_relaxed);
+}
+
+bool HybridSocket::lookIsEpoll()
+{
+    const uint64_t look = listenLook_.load(std::memory_order_relaxed);
+    return (look & kLookEpoll) && look >> 24 == Connection::HintPass::current();
 }
 
 void HybridSocket::sleepResults(const pollfd *fds, int n)

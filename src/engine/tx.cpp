@@ -27,7 +27,8 @@ ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs
     if (iovcnt < 0)
         return -EINVAL;
     const size_t total = iovTotal(iov, iovcnt);
-    const int64_t deadline = deadlineFor(timeoutMs);
+    // A nonblocking call never waits: no clock read for it (a select() loop's every read).
+    const int64_t deadline = deadlineFor(flags & kNonBlock ? -1 : timeoutMs);
     std::lock_guard<std::mutex> sendLock(sendMutex_);
     size_t sent = 0;
     for (;;) {

@@ -39,12 +39,19 @@ public:
     // The connection whose armed wait fd a poller checks before it looks (see
     // Connection::hintFd), or null: then every look makes progress.
     virtual std::shared_ptr<Connection> hintConnection() { return nullptr; }
+    // The same for a poll or select pass, which only wants a connection that may have a hint
+    // fd (a same-host link never has one: its looks read shared memory).
+    virtual std::shared_ptr<Connection> passHintConnection() { return hintConnection(); }
     // Other fds a poller checks in its one system call of a hint pass (a listener's: its queue,
     // its fabric requests, a shim listener's kernel fd), appended to fds. lookResults() then
     // gets their revents, in that order, and pollEvents() in the same pass answers from them
     // instead of a system call of its own for each. Returns how many were appended.
     virtual int lookFds(std::vector<pollfd> *) { return 0; }
     virtual void lookResults(const pollfd *) {}
+    // Whether the one fd this socket's lookFds() gave in the current pass is an epoll fd that
+    // stands for all of its fds (readable when any of them is): a pass with nothing else to
+    // check asks it with epoll_wait, a third of a ppoll's cost (the shim's listeners).
+    virtual bool lookIsEpoll() { return false; }
     // After a sleep (in a hint pass) on the fds prepareWait() gave: their revents, n of them.
     // A socket may answer its look in the next pass from them (HybridSocket).
     virtual void sleepResults(const pollfd *, int) {}

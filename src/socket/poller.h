@@ -33,6 +33,8 @@ public:
     // After that ppoll, with fds where the hint fds begin.
     void apply(const pollfd *fds) const;
     bool empty() const { return fds_.empty() && lookFds_.empty(); }
+    // Whether all the pass has to check is one socket's look epoll (Pollable::lookIsEpoll).
+    bool singleEpoll() const { return fds_.empty() && lookFds_.size() == 1 && epollLook_; }
     // For the next pass (and to let the connections go); the vectors keep their memory, so a
     // look allocates nothing.
     void clear();
@@ -43,6 +45,7 @@ private:
     // The sockets with look fds (lookFds()), and where theirs begin after the connections'.
     std::vector<std::pair<Pollable *, size_t>> looks_;
     std::vector<pollfd> lookFds_;
+    bool epollLook_ = false; // the last socket's look fds were its look epoll
 };
 } // namespace detail
 

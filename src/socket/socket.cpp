@@ -336,6 +336,7 @@ void Socket::useConnectionLocked(std::shared_ptr<Connection> c, size_t sendBuf)
 {
     sendRing_ = static_cast<uint32_t>(sendBuf);
     conn_ = std::move(c);
+    sameHostConn_.store(false, std::memory_order_relaxed);
     // Options set before the connection existed take effect on it now.
     applyKeepaliveLocked();
     applyCorkLocked();

@@ -106,8 +106,12 @@ public:
     void addWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered) override;
     uint64_t generation(int events) override;
     std::shared_ptr<Connection> hintConnection() override;
-    // A listener's: its queue's and its requests' fds, once its hint is armed.
+    std::shared_ptr<Connection> passHintConnection() override;
+    // A listener's: its queue's and its requests' fds, once its hint is armed. With fds null
+    // it only counts them (a caller that looks at them through an epoll of its own).
     int lookFds(std::vector<pollfd> *fds) override;
+    // A listener's two fds (Listener::waitFd(), readyFd()): false when not listening.
+    bool listenerFds(int *waitFd, int *readyFd);
     void lookResults(const pollfd *fds) override;
     int parkFds(std::vector<pollfd> *fds) override;
     bool roomSoon() override
@@ -179,6 +183,10 @@ private:
     // A listener's look in a hint pass (lookFds): the pass << 2, | 2 when its fds were handed
     // to the poller, | 1 when they were found not readable.
     std::atomic<uint64_t> listenLook_{0};
+    // The connection is a same-host link (for good: a link never goes back to the fabric), so
+    // a pass need not ask for it (passHintConnection(): a lock and two reference counts). Set
+    // once seen, cleared with a new connection; seen late, a pass only makes progress.
+    std::atomic<bool> sameHostConn_{false};
 
     std::mutex mutex_; // state, options; never held while blocking
     State state_ = State::Fresh;

@@ -386,9 +386,21 @@ int Socket::lookFds(std::vector<pollfd> *fds)
         return 0;
     }
     listenLook_.store(pass << 2 | 2, std::memory_order_relaxed);
-    fds->push_back({listener->waitFd(), POLLIN, 0});
-    fds->push_back({listener->readyFd(), POLLIN, 0});
+    if (fds) {
+        fds->push_back({listener->waitFd(), POLLIN, 0});
+        fds->push_back({listener->readyFd(), POLLIN, 0});
+    }
     return 2;
+}
+
+bool Socket::listenerFds(int *waitFd, int *readyFd)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (state_ != State::Listening || !listener_)
+        return false;
+    *waitFd = listener_->waitFd();
+    *readyFd = listener_->readyFd();
+    return true;
 }
 
 void Socket::lookResults(const pollfd *fds)
@@ -414,6 +426,18 @@ std::shared_ptr<Connection> Socket::hintConnection()
 {
     std::lock_guard<std::mutex> lock(mutex_);
     return state_ == State::Connected ? conn_ : nullptr;
+}
+
+std::shared_ptr<Connection> Socket::passHintConnection()
+{
+    if (sameHostConn_.load(std::memory_order_relaxed))
+        return nullptr;
+    std::shared_ptr<Connection> c = hintConnection();
+    if (c && c->sameHost()) {
+        sameHostConn_.store(true, std::memory_order_relaxed);
+        return nullptr;
+    }
+    return c;
 }
 
 uint64_t Socket::generation(int events)

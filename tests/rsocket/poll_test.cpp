@@ -5,8 +5,11 @@
 #include <chrono>
 #include <cstring>
 #include <poll.h>
+#include <string>
 #include <sys/epoll.h>
 #include <sys/resource.h>
+#include <sys/select.h>
+#include <sys/syscall.h>
 #include <thread>
 #include <unistd.h>
 #include <vector>
@@ -177,6 +180,135 @@ TEST_P(Poll, ConcurrentSendersAndReceiversOnOneSocket)
     EXPECT_EQ(counts[0].load(), 0u);
     EXPECT_EQ(counts[1].load(), kPerSender);
     EXPECT_EQ(counts[2].load(), kPerSender);
+}
+
+// A select() loop's set: a listener beside a connection that brings data. The listener is not
+// readable while only data comes, turns readable once a client has connected (a look right after
+// the connect returns), stays so until the accept, and the connection's readiness is reported
+// beside it each time (the shim looks at a listener through one epoll of its fds).
+TEST_P(Poll, ListenerBesideABusyConnection)
+{
+    const bool kernel = std::string(b->name) == "kernel";
+    uint16_t port = 0;
+    int lfd = newListener(AF_INET, &port);
+    ASSERT_GE(lfd, 0);
+    auto addr = loopback4(port);
+    int c = newSocket(AF_INET);
+    ASSERT_GE(c, 0);
+    int s = connectAccept(lfd, c, reinterpret_cast<sockaddr *>(&addr), sizeof(addr));
+    ASSERT_GE(s, 0);
+    char byte = 'x';
+    auto ready = [&](int timeoutMs, short *lrev, short *srev) {
+        pollfd p[2] = {{lfd, POLLIN, 0}, {s, POLLIN, 0}};
+        const int n = b->poll(p, 2, timeoutMs);
+        *lrev = p[0].revents;
+        *srev = p[1].revents;
+        return n;
+    };
+    auto selected = [&](bool *l, bool *sr) {
+        fd_set r;
+        FD_ZERO(&r);
+        FD_SET(lfd, &r);
+        FD_SET(s, &r);
+        timeval tv{0, 0};
+        const int n = b->select(std::max(lfd, s) + 1, &r, nullptr, nullptr, &tv);
+        *l = FD_ISSET(lfd, &r);
+        *sr = FD_ISSET(s, &r);
+        return n;
+    };
+    short lrev, srev;
+    bool lsel, ssel;
+    for (int round = 0; round < 50; round++) {
+        ASSERT_EQ(b->send(c, &byte, 1, 0), 1);
+        ASSERT_EQ(ready(5000, &lrev, &srev), 1) << "round " << round;
+        EXPECT_EQ(lrev, 0) << "round " << round;
+        EXPECT_EQ(srev, POLLIN) << "round " << round;
+        ASSERT_EQ(selected(&lsel, &ssel), 1) << "round " << round;
+        EXPECT_FALSE(lsel);
+        EXPECT_TRUE(ssel);
+        ASSERT_EQ(b->recv(s, &byte, 1, 0), 1);
+        ASSERT_EQ(ready(0, &lrev, &srev), 0) << "round " << round;
+    }
+    for (int client = 0; client < 3; client++) {
+        int c2 = newSocket(AF_INET);
+        ASSERT_GE(c2, 0);
+        int rc = -1;
+        std::thread t(
+            [&] { rc = b->connect(c2, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)); });
+        if (kernel) {
+            // connect() returns with the connection in the listener's queue.
+            t.join();
+            ASSERT_EQ(rc, 0) << strerror(errno);
+            ASSERT_EQ(ready(0, &lrev, &srev), 1);
+        } else {
+            ASSERT_EQ(ready(10000, &lrev, &srev), 1); // the r* connect may wait for the accept
+        }
+        EXPECT_EQ(lrev, POLLIN);
+        EXPECT_EQ(srev, 0);
+        ASSERT_EQ(selected(&lsel, &ssel), 1);
+        EXPECT_TRUE(lsel);
+        EXPECT_FALSE(ssel);
+        ASSERT_EQ(b->send(c, &byte, 1, 0), 1);
+        ASSERT_EQ(ready(5000, &lrev, &srev), 2);
+        EXPECT_EQ(lrev, POLLIN);
+        EXPECT_EQ(srev, POLLIN);
+        int a = own(b->accept(lfd, nullptr, nullptr));
+        ASSERT_GE(a, 0) << strerror(errno);
+        if (t.joinable())
+            t.join();
+        EXPECT_EQ(rc, 0);
+        ASSERT_EQ(ready(0, &lrev, &srev), 1);
+        EXPECT_EQ(lrev, 0);
+        EXPECT_EQ(srev, POLLIN);
+        ASSERT_EQ(b->recv(s, &byte, 1, 0), 1);
+        ASSERT_EQ(ready(0, &lrev, &srev), 0);
+        // The new connection carries bytes both ways.
+        ASSERT_EQ(b->send(c2, &byte, 1, 0), 1);
+        ASSERT_EQ(b->recv(a, &byte, 1, 0), 1);
+        ASSERT_EQ(b->send(a, &byte, 1, 0), 1);
+        ASSERT_EQ(b->recv(c2, &byte, 1, 0), 1);
+        closeFd(c2);
+        closeFd(a);
+    }
+}
+
+// A client without the shim (raw system calls, as a peer that does not preload it) reaches the
+// listener's kernel side: the loop's look finds it at once as well.
+TEST_P(Poll, ListenerBesideABusyConnectionSeesAPlainClient)
+{
+    if (std::string(b->name) != "kernel")
+        GTEST_SKIP() << "an r* listener has no kernel side";
+    uint16_t port = 0;
+    int lfd = newListener(AF_INET, &port);
+    ASSERT_GE(lfd, 0);
+    auto addr = loopback4(port);
+    int c = newSocket(AF_INET);
+    ASSERT_GE(c, 0);
+    int s = connectAccept(lfd, c, reinterpret_cast<sockaddr *>(&addr), sizeof(addr));
+    ASSERT_GE(s, 0);
+    char byte = 'x';
+    for (int round = 0; round < 20; round++) {
+        ASSERT_EQ(b->send(c, &byte, 1, 0), 1);
+        pollfd p[2] = {{lfd, POLLIN, 0}, {s, POLLIN, 0}};
+        ASSERT_EQ(b->poll(p, 2, 5000), 1);
+        EXPECT_EQ(p[0].revents, 0);
+        ASSERT_EQ(b->recv(s, &byte, 1, 0), 1);
+    }
+    const int raw = static_cast<int>(syscall(SYS_socket, AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    ASSERT_GE(raw, 0) << strerror(errno);
+    ASSERT_EQ(syscall(SYS_connect, raw, &addr, sizeof(addr)), 0) << strerror(errno);
+    pollfd p[2] = {{lfd, POLLIN, 0}, {s, POLLIN, 0}};
+    ASSERT_EQ(b->poll(p, 2, 0), 1);
+    EXPECT_EQ(p[0].revents, POLLIN);
+    EXPECT_EQ(p[1].revents, 0);
+    int a = own(b->accept(lfd, nullptr, nullptr));
+    ASSERT_GE(a, 0) << strerror(errno);
+    p[0].revents = p[1].revents = 0;
+    EXPECT_EQ(b->poll(p, 2, 0), 0);
+    ASSERT_EQ(syscall(SYS_write, raw, "y", 1), 1);
+    ASSERT_EQ(b->recv(a, &byte, 1, 0), 1);
+    EXPECT_EQ(byte, 'y');
+    syscall(SYS_close, raw);
 }
 
 // ---- epoll ----
