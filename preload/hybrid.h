@@ -180,6 +180,7 @@ public:
     // (Socket::lookFds). A socket in its upgrade or switch, still on kernel TCP: its kernel fd,
     // whose revents the pass's first kernelPollNow() then answers with.
     int lookFds(std::vector<pollfd> *fds) override;
+    int lookFdsEach(std::vector<pollfd> *fds) override;
     bool lookIsEpoll() override;
     void lookResults(const pollfd *fds) override;
     void sleepResults(const pollfd *fds, int n) override;
@@ -399,8 +400,9 @@ private:
     // asks one fd (lookFds(): an epoll_wait, when it is all a pass checks); -1: none (a fork
     // child, or none could be made). Closed with the last reference: a pass may still use it.
     std::atomic<int> lookEp_{-1};
-    void openLookEpoll(Socket &s);                 // mutex_ held
-    int listenerPollEvents(Socket *s, int events); // Mode::Listener; s: its fabric listener
+    void openLookEpoll(Socket &s);                       // mutex_ held
+    int listenerPollEvents(Socket *s, int events);       // Mode::Listener; s: its fabric listener
+    int lookFdsAs(std::vector<pollfd> *fds, bool epoll); // lookFds(), lookFdsEach()
     static constexpr uint64_t kLookEpoll = uint64_t(1) << 18; // listenLook_: through lookEp_
     std::mutex mutex_;
     std::shared_ptr<Socket> sock_; // Fabric: the connection; Listener: the fabric listener

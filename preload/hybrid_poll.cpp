@@ -188,6 +188,16 @@ std::shared_ptr<Connection> HybridSocket::passHintConnection()
 
 int HybridSocket::lookFds(std::vector<pollfd> *fds)
 {
+    return lookFdsAs(fds, true);
+}
+
+int HybridSocket::lookFdsEach(std::vector<pollfd> *fds)
+{
+    return lookFdsAs(fds, false);
+}
+
+int HybridSocket::lookFdsAs(std::vector<pollfd> *fds, bool epoll)
+{
     const uint64_t pass = Connection::HintPass::current();
     if (!pass)
         return 0;
@@ -205,7 +215,7 @@ int HybridSocket::lookFds(std::vector<pollfd> *fds)
     }
     if (mode() != Mode::Listener)
         return 0;
-    if (Socket *l = fixedListen_.load(std::memory_order_acquire)) {
+    if (Socket *l = epoll ? fixedListen_.load(std::memory_order_acquire) : nullptr) {
         if (const int ep = lookEp_.load(std::memory_order_acquire); ep >= 0) {
             // The engine socket arms its hint (or not) as for a look of its own fds; the one
             // fd stands for them and the kernel fd.

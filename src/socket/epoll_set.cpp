@@ -332,12 +332,13 @@ void EpollSet::gatherLooksLocked(bool fresh, size_t from)
         if (!s)
             continue;
         const size_t at = lookScratch_.size();
-        const int n = s->lookFds(&lookScratch_);
         // Woken by its parked fds just now (a listener's connection came): their wake-ups
         // say what the ppoll would, a system call less per connection accepted. Once only:
-        // the fds that fired are armed no more, and the next look asks the kernel.
-        if (n > 0 && fresh && !e->firedFds.empty() &&
-            lookFromWakesLocked(*e, &lookScratch_[at], n)) {
+        // the fds that fired are armed no more, and the next look asks the kernel. Those are
+        // the look's fds one by one (not an epoll of the socket's own standing for them).
+        const bool woken = fresh && !e->firedFds.empty();
+        const int n = woken ? s->lookFdsEach(&lookScratch_) : s->lookFds(&lookScratch_);
+        if (n > 0 && woken && lookFromWakesLocked(*e, &lookScratch_[at], n)) {
             s->lookResults(&lookScratch_[at]);
             lookScratch_.resize(at);
         } else if (n > 0) {

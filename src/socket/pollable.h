@@ -52,6 +52,9 @@ public:
     // stands for all of its fds (readable when any of them is): a pass with nothing else to
     // check asks it with epoll_wait, a third of a ppoll's cost (the shim's listeners).
     virtual bool lookIsEpoll() { return false; }
+    // The look fds one by one, none standing for others: for a caller that answers them from
+    // wake-ups of those very fds (an epoll set's listener woken by its parked fds).
+    virtual int lookFdsEach(std::vector<pollfd> *fds) { return lookFds(fds); }
     // After a sleep (in a hint pass) on the fds prepareWait() gave: their revents, n of them.
     // A socket may answer its look in the next pass from them (HybridSocket).
     virtual void sleepResults(const pollfd *, int) {}
