@@ -182,21 +182,34 @@ TEST_P(Poll, ConcurrentSendersAndReceiversOnOneSocket)
     EXPECT_EQ(counts[2].load(), kPerSender);
 }
 
+// A listener on loopback and a connection accepted from it: lfd, c (the client), s.
+class PollListener : public BackendTest
+{
+protected:
+    void SetUp() override
+    {
+        BackendTest::SetUp();
+        uint16_t port = 0;
+        lfd = newListener(AF_INET, &port);
+        ASSERT_GE(lfd, 0);
+        addr = loopback4(port);
+        c = newSocket(AF_INET);
+        ASSERT_GE(c, 0);
+        s = connectAccept(lfd, c, reinterpret_cast<sockaddr *>(&addr), sizeof(addr));
+        ASSERT_GE(s, 0);
+    }
+
+    int lfd = -1, c = -1, s = -1;
+    sockaddr_in addr{};
+};
+
 // A select() loop's set: a listener beside a connection that brings data. The listener is not
 // readable while only data comes, turns readable once a client has connected (a look right after
 // the connect returns), stays so until the accept, and the connection's readiness is reported
 // beside it each time (the shim looks at a listener through one epoll of its fds).
-TEST_P(Poll, ListenerBesideABusyConnection)
+TEST_P(PollListener, ListenerBesideABusyConnection)
 {
     const bool kernel = std::string(b->name) == "kernel";
-    uint16_t port = 0;
-    int lfd = newListener(AF_INET, &port);
-    ASSERT_GE(lfd, 0);
-    auto addr = loopback4(port);
-    int c = newSocket(AF_INET);
-    ASSERT_GE(c, 0);
-    int s = connectAccept(lfd, c, reinterpret_cast<sockaddr *>(&addr), sizeof(addr));
-    ASSERT_GE(s, 0);
     char byte = 'x';
     auto ready = [&](int timeoutMs, short *lrev, short *srev) {
         pollfd p[2] = {{lfd, POLLIN, 0}, {s, POLLIN, 0}};
@@ -274,18 +287,10 @@ TEST_P(Poll, ListenerBesideABusyConnection)
 
 // A client without the shim (raw system calls, as a peer that does not preload it) reaches the
 // listener's kernel side: the loop's look finds it at once as well.
-TEST_P(Poll, ListenerBesideABusyConnectionSeesAPlainClient)
+TEST_P(PollListener, ListenerBesideABusyConnectionSeesAPlainClient)
 {
     if (std::string(b->name) != "kernel")
         GTEST_SKIP() << "an r* listener has no kernel side";
-    uint16_t port = 0;
-    int lfd = newListener(AF_INET, &port);
-    ASSERT_GE(lfd, 0);
-    auto addr = loopback4(port);
-    int c = newSocket(AF_INET);
-    ASSERT_GE(c, 0);
-    int s = connectAccept(lfd, c, reinterpret_cast<sockaddr *>(&addr), sizeof(addr));
-    ASSERT_GE(s, 0);
     char byte = 'x';
     for (int round = 0; round < 20; round++) {
         ASSERT_EQ(b->send(c, &byte, 1, 0), 1);
@@ -564,6 +569,7 @@ TEST_P(Epoll, WaitTimesOut)
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Poll, ::testing::ValuesIn(kBackends), paramName);
+INSTANTIATE_TEST_SUITE_P(Backends, PollListener, ::testing::ValuesIn(kBackends), paramName);
 INSTANTIATE_TEST_SUITE_P(Backends, Epoll, ::testing::ValuesIn(kBackends), paramName);
 
 } // namespace
