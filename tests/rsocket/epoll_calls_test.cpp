@@ -71,6 +71,26 @@ const sys::Calls &threadCountingCalls()
     return table;
 }
 
+// The busy-member tests: rounds of one message per member, each round's messages sent 200 us
+// after the last was read; a round counts as quiet when its members were without data for less
+// than kBusyQuietNs (below the millisecond after which a same-host member of a few parks).
+constexpr int kBusyRounds = 40;
+constexpr int64_t kBusyQuietNs = 800'000;
+
+int64_t steadyNs()
+{
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+// Counts this thread's writes (tCounting) from zero, through the counting calls.
+void countWrites()
+{
+    sys::bind(&threadCountingCalls());
+    gWrites = 0;
+}
+
 // A wait whose members are all parked sleeps in one epoll_pwait of the hint epoll, and what
 // that returns is what the look after it takes: no ppoll, no epoll_wait after the sleep, none
 // between the registration and the sleep (there were an epoll_wait there, a ppoll to sleep in
@@ -298,16 +318,10 @@ TEST_P(EpollReady, BusyFewSameHostMembersCostThePeerNoWakeUps)
     if (!GetParam().sameHost)
         GTEST_SKIP() << "a fabric member's look arms it: no wake-up byte to spare";
     connectPairs(2);
-    const sys::Calls &table = threadCountingCalls();
-    sys::bind(&table);
-    gWrites = 0;
-    constexpr int kRounds = 40;
-    constexpr int64_t kQuietNs = 800'000; // below the millisecond after which it parks
-    auto now = [] {
-        return std::chrono::duration_cast<std::chrono::nanoseconds>(
-                   std::chrono::steady_clock::now().time_since_epoch())
-            .count();
-    };
+    countWrites();
+    constexpr int kRounds = kBusyRounds;
+    constexpr int64_t kQuietNs = kBusyQuietNs;
+    auto now = steadyNs;
     std::atomic<int> received{0};
     std::atomic<int64_t> receivedAt{now()};
     int quietRounds = 0, wokenQuietRounds = 0;
@@ -373,16 +387,10 @@ protected:
         GTEST_SKIP() << "timing of 50 members under TSan";
 #endif
         connectPairs(members);
-        const sys::Calls &table = threadCountingCalls();
-        sys::bind(&table);
-        gWrites = 0;
-        constexpr int kRounds = 40;
-        constexpr int64_t kQuietNs = 800'000; // below the millisecond after which they park
-        auto now = [] {
-            return std::chrono::duration_cast<std::chrono::nanoseconds>(
-                       std::chrono::steady_clock::now().time_since_epoch())
-                .count();
-        };
+        countWrites();
+        constexpr int kRounds = kBusyRounds;
+        constexpr int64_t kQuietNs = kBusyQuietNs;
+        auto now = steadyNs;
         std::atomic<int> received{0};
         std::atomic<int64_t> firstReadAt{now()}; // the first read of the last round
         int quietRounds = 0, wokenQuietRounds = 0;
