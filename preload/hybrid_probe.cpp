@@ -29,12 +29,14 @@
 #include <poll.h>
 #include <set>
 #include <string>
+#include <sys/stat.h>
 #include <sys/timerfd.h>
 #include <sys/un.h>
 
 #include "clock.h"
 #include "fabric.h"
 #include "hybrid_internal.h"
+#include "poller.h"
 #include "shim.h"
 #include "shimaddr.h"
 
@@ -53,32 +55,96 @@ socklen_t beaconName(const std::string &addr, sockaddr_un *out)
     return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
 }
 
-// Looks for beacons through one socket: a refused connect leaves a UNIX socket unconnected, so
-// the second name (a wildcard listener's) costs one system call, not three.
+// Looks for beacons through one socket, kept for the process: a refused connect and one that
+// found a full backlog leave a UNIX socket unconnected, so a local connect's look costs one system
+// call, not three (a socket of its own made and closed were two more per connection of a client
+// that makes short ones). A look that finds the socket busy (another thread's look) makes one of
+// its own, as before; so does a fork child whose parent's thread held the lock at the fork.
 class BeaconLook
 {
 public:
     ~BeaconLook()
     {
-        if (fd_ >= 0)
-            sys::close(fd_);
+        if (own_ >= 0)
+            sys::close(own_);
+        if (locked_)
+            gMutex.unlock();
     }
 
     bool there(const std::string &addr)
     {
-        if (fd_ < 0)
-            fd_ = sys::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (fd_ < 0)
-            return false;
         sockaddr_un a;
         const socklen_t len = beaconName(addr, &a);
-        // Connected, or a full backlog (nothing is ever accepted): there. ECONNREFUSED: not.
-        const int r = sys::connect(fd_, reinterpret_cast<sockaddr *>(&a), len);
-        return r == 0 || r == -EAGAIN || r == -EINPROGRESS;
+        for (int attempt = 0; attempt < 2; attempt++) {
+            const int fd = socketFd();
+            if (fd < 0)
+                return false;
+            // Connected, or a full backlog (nothing is ever accepted): there. ECONNREFUSED: not.
+            const int r = sys::connect(fd, reinterpret_cast<sockaddr *>(&a), len);
+            if (r == -ECONNREFUSED || r == -EAGAIN)
+                return r == -EAGAIN;
+            // Connected (the beacon's backlog had room) or in an unexpected state: not reused.
+            drop(fd);
+            if (r == 0 || r == -EINPROGRESS)
+                return true;
+        }
+        return false;
     }
 
 private:
-    int fd_ = -1;
+    static inline std::mutex gMutex;
+    static inline int gFd = -1;
+    static inline ino_t gIno = 0;
+    static inline uint64_t gForkGen = 0;
+
+    int own_ = -1;
+    bool locked_ = false;
+
+    int socketFd()
+    {
+        if (!locked_ && own_ < 0)
+            locked_ = gMutex.try_lock();
+        if (!locked_) {
+            if (own_ < 0)
+                own_ = sys::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+            return own_;
+        }
+        if (gFd >= 0 && gForkGen != forkGeneration()) {
+            // A fork child's copy of its parent's socket: its own from now on (two processes
+            // connecting one socket would race), closed only if the number is still that socket.
+            closeIfOurs();
+            gFd = -1;
+        }
+        if (gFd < 0) {
+            const int s = sys::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+            if (s < 0)
+                return s;
+            gFd = moveHigh(s);
+            struct stat st;
+            gIno = fstat(gFd, &st) == 0 ? st.st_ino : 0;
+            gForkGen = forkGeneration();
+        }
+        return gFd;
+    }
+
+    void drop(int fd)
+    {
+        if (fd == own_) {
+            sys::close(own_);
+            own_ = -1;
+            return;
+        }
+        // The program may have closed ours (close_range, a raw close) and reused the number.
+        closeIfOurs();
+        gFd = -1;
+    }
+
+    static void closeIfOurs()
+    {
+        struct stat st;
+        if (gIno && fstat(gFd, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_ino == gIno)
+            sys::close(gFd);
+    }
 };
 
 } // namespace
@@ -153,9 +219,18 @@ int openBeacon(const sockaddr *local)
         return -1;
     s = moveHigh(s);
     // Taken: another process's listener on the same address (SO_REUSEPORT), a shim one too.
-    if (sys::bind(s, reinterpret_cast<sockaddr *>(&a), len) < 0 || sys::listen(s, 1) < 0) {
+    if (sys::bind(s, reinterpret_cast<sockaddr *>(&a), len) < 0 || sys::listen(s, 0) < 0) {
         sys::close(s);
         return -1;
+    }
+    // A look's connect is queued while the backlog has room, and a queued one connects the
+    // client's socket, which then cannot look again. One connect of ours fills it (the queued
+    // connection stays after its socket is closed), so that every look finds it full (EAGAIN)
+    // and a client keeps one socket for all of its looks.
+    if (const int fill = sys::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        fill >= 0) {
+        (void)sys::connect(fill, reinterpret_cast<sockaddr *>(&a), len);
+        sys::close(fill);
     }
     std::lock_guard<std::mutex> lock(gOwnMutex);
     gOwn->insert(addr);

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
+#include <iterator>
 #include <mutex>
 #include <poll.h>
 #include <pthread.h>
@@ -210,10 +211,7 @@ private:
     // of the arrival with token, or arrivals_.size() when it is not there.
     size_t sweepLocked(uint64_t token)
     {
-        for (int l : aliases_)
-            acceptAllLocked(l);
-        if (fd_ >= 0)
-            acceptAllLocked(fd_);
+        acceptArrivedLocked();
         const int64_t now = nowNs();
         size_t found = SIZE_MAX;
         for (size_t i = 0; i < arrivals_.size();) {
@@ -243,6 +241,32 @@ private:
                 found--;
         }
         return found == SIZE_MAX ? arrivals_.size() : found;
+    }
+
+    // The listening sockets are polled first: an accept that finds nothing still makes and
+    // frees a socket in the kernel (about 1 us here, five times the poll), and a server closing
+    // a connection whose client could have sent a link sweeps for it, every short connection.
+    void acceptArrivedLocked()
+    {
+        pollfd fds[8];
+        size_t n = 0;
+        auto flush = [&] {
+            const timespec zero{0, 0};
+            if (n && sys::ppoll(fds, static_cast<nfds_t>(n), &zero, nullptr) > 0) {
+                for (size_t i = 0; i < n; i++)
+                    if (fds[i].revents)
+                        acceptAllLocked(fds[i].fd);
+            }
+            n = 0;
+        };
+        for (int l : aliases_) {
+            fds[n++] = {l, POLLIN, 0};
+            if (n == std::size(fds))
+                flush();
+        }
+        if (fd_ >= 0)
+            fds[n++] = {fd_, POLLIN, 0};
+        flush();
     }
 
     void acceptAllLocked(int listening)

@@ -90,14 +90,15 @@ log "shimmed server: offered, no libfabric, first replies in time"
 
 # The same with the server on the wildcard address: the client finds its beacon under the
 # second name it looks for (0.0.0.0:PORT, after 127.0.0.1:PORT is refused), else the light probe
-# would find the fabric listener and the client would load libfabric for the attempt. Both
-# looks go through one UNIX socket (a refused connect leaves it unconnected): strace finds, in
+# would find the fabric listener and the client would load libfabric for the attempt. Every
+# look of the process goes through one UNIX socket, kept from connect to connect (a refused
+# connect, or one that finds the beacon's backlog full, leaves it unconnected): strace finds, in
 # the process that made the looks, the socket calls whose descriptors the looks used (the
 # process may open UNIX sockets of its own, for name service lookups, and python3 may be a
 # wrapper whose helpers do too).
 stop_pid "$server_pid" || true
 start_server wildcard 1 shim wildcard 60 python3 "$echo_server" 0.0.0.0 @PORT@
-out=$(shim client4 30 strace -f -qq -e trace=socket,connect -o "$work/client4.strace" \
+out=$(shim client4 30 strace -f -qq -e trace=socket,connect,fcntl -o "$work/client4.strace" \
 	python3 "$work/client.py" "$port" blocking nonblocking) ||
 	fail "the client of the wildcard server failed: $out"
 printf "    %s\n" "${out//$'\n'/$'\n    '}"
@@ -110,21 +111,27 @@ lookers=$(awk '{print $1}' <<<"$looks" | sort -u | tr '\n' ' ')
 [ "$(grep -c . <<<"$looks")" -eq 4 ] && [ "$(wc -w <<<"$lookers")" -eq 1 ] ||
 	fail "client4: not 4 beacon looks (2 names for each of 2 connects) by one process: $looks"
 # Each look's descriptor leads back to the socket call that made it, the last one to return that
-# descriptor before the look; the looks must come from 2 such calls, both AF_UNIX sockets.
+# descriptor before the look (or to the descriptor it was moved from, above the program's
+# range, by F_DUPFD_CLOEXEC); the looks must come from one such call, an AF_UNIX socket.
 sockets=$(awk -v pid="${lookers% }" '
 	$1 != pid { next }
 	/ socket\(/ && match($0, /= [0-9]+$/) {
 		fd = substr($0, RSTART + 2); made[fd] = NR; unix[NR] = /socket\(AF_UNIX/
+	}
+	/ fcntl\([0-9]+, F_DUPFD_CLOEXEC/ && match($0, /= [0-9]+$/) {
+		from = $2; sub(/^fcntl\(/, "", from); sub(/,$/, "", from)
+		fd = substr($0, RSTART + 2)
+		if (from in made) made[fd] = made[from]; else delete made[fd]
 	}
 	/ connect\([0-9]+, \{sa_family=AF_UNIX, sun_path=@"rstream\// {
 		fd = $2; sub(/^connect\(/, "", fd); sub(/,$/, "", fd)
 		if (!(fd in made)) { print "none"; next }
 		if (!unix[made[fd]]) print "not-unix"; else print made[fd]
 	}' "$work/client4.strace" | sort -u)
-[ "$(grep -c . <<<"$sockets")" -eq 2 ] && ! grep -qE 'none|not-unix' <<<"$sockets" ||
-	fail "client4: 2 connects' beacon looks came from these socket calls, not 2 UNIX sockets:" \
+[ "$(grep -c . <<<"$sockets")" -eq 1 ] && ! grep -qE 'none|not-unix' <<<"$sockets" ||
+	fail "client4: 2 connects' beacon looks came from these socket calls, not 1 UNIX socket:" \
 		"$(tr '\n' ' ' <<<"$sockets")"
-log "shimmed server on 0.0.0.0: offered, no libfabric, one UNIX socket a connect"
+log "shimmed server on 0.0.0.0: offered, no libfabric, the UNIX socket kept across connects"
 
 # The same port served without the shim: the client's next connects get no upgrade offer (no
 # beacon, and the light probe finds no fabric listener), so the plain server reads the client's
