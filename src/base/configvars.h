@@ -63,7 +63,8 @@ inline constexpr ConfigVar kConfigVars[] = {
      "0: no backtraces in crash reports and invariant failures"},
     {"RSTREAM_ENABLE", Kind::Flag, 0, 1, "1", "shim: 0 passes every socket call through"},
     {"RSTREAM_SIGNAL_TRACK", Kind::Flag, 0, 1, "1",
-     "shim: 0 holds signals off around each sleep instead of tracking the program's handlers"},
+     "shim, rstream-perf: 0 holds signals off around each sleep instead of tracking the "
+     "program's handlers"},
     {"RSTREAM_PORT_OFFSET", Kind::Number, 0, 65535, "20000",
      "shim: fabric listener port offset (the shim uses 0 on verbs)"},
     {"RSTREAM_PORTS", Kind::Text, 0, 0, "", "shim: ports to offload (empty: all)"},

@@ -13,7 +13,9 @@
 #include <thread>
 #include <unistd.h>
 
+#include "configvars.h"
 #include "perf.h"
+#include "sigtrack.h"
 
 namespace rstream::perf {
 namespace {
@@ -45,7 +47,8 @@ Transports:
   engine  rstream::Connection send/recv: blocking calls, or with --busy-poll nonblocking
           ones in a loop, on both sides. Send and receive buffers of --ring bytes (default
           1 MiB; the server's --ring for its side). Other settings come from the RSTREAM_*
-          environment variables.
+          environment variables. Signal handlers are tracked as under the shim, so that
+          blocking calls hold no signals off (RSTREAM_SIGNAL_TRACK=0 holds them).
 
 Sizes take a k, m or g suffix (powers of 1024). The client's last line of output is JSON:
   {"transport":"raw","test":"bw","size":65536,"MBps":1234.5,"p50_us":null,"p99_us":null}
@@ -236,6 +239,13 @@ int run(int argc, char **argv)
         }
     }
     signal(SIGPIPE, SIG_IGN);
+    // The engine's blocking calls learn that a handler ran (and end with EINTR) from the
+    // trampoline in front of this program's handlers, as the shim's do, instead of holding
+    // signals off from a call's first empty look to its sleep: two rt_sigprocmask calls a
+    // round trip otherwise, which plain libfabric ("raw") does not make (RSTREAM_SIGNAL_TRACK=0
+    // holds them).
+    if (config::getFlag("RSTREAM_SIGNAL_TRACK"))
+        sigtrack::activate(&::sigaction);
     if (server)
         return runServer(opts);
     if (!haveTest || !haveSize || !haveSeconds || !haveTransport)
