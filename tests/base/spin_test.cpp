@@ -127,6 +127,37 @@ TEST(AdaptiveSpin, AFullSpinThatMissedShrinksTheWindow)
     EXPECT_EQ(t.currentNs(), 40000);
 }
 
+TEST(AdaptiveSpin, MissedProbesComeLessOften)
+{
+    // A server with a request every millisecond: its probes (the cap, every 16th wait) miss
+    // each time, and come half as often after each miss, down to one wait in 256; a probe that
+    // catches a short wait brings them back to every 16th.
+    AdaptiveSpin s;
+    int probes = 0;
+    const int n = 4096;
+    for (int i = 0; i < n; i++) {
+        const int64_t window = s.windowNs(kCap);
+        if (window == kCap)
+            probes++;
+        s.record(1000000, kCap, window);
+    }
+    EXPECT_EQ(s.currentNs(), 0);
+    EXPECT_EQ(s.probeEvery(), AdaptiveSpin::kProbeMax);
+    // The first wait (nothing learnt yet), one probe at each interval on the way down, then one
+    // in 256: 18 here, against 256 at one in 16.
+    EXPECT_LE(probes, 2 + 4 + n / int(AdaptiveSpin::kProbeMax));
+    int64_t window = 0;
+    for (uint32_t i = 0; i < AdaptiveSpin::kProbeMax && window != kCap; i++) {
+        window = s.windowNs(kCap);
+        if (window != kCap)
+            s.record(1000000, kCap, window);
+    }
+    ASSERT_EQ(window, kCap) << "no probe within kProbeMax waits";
+    s.record(5000, kCap, window); // the probe caught it
+    EXPECT_EQ(s.probeEvery(), AdaptiveSpin::kProbeEvery);
+    EXPECT_EQ(s.currentNs(), 10000);
+}
+
 TEST(AdaptiveSpin, MixedWaitsKeepASmallWindow)
 {
     // Short and long waits in turn: the window stays at least as long as the short ones.
