@@ -2,7 +2,10 @@
 // AdaptiveSpin: the window follows the waits, and probes let a fallen window rise again.
 // RoomRate: a wait for room spins only when the peer reads what is queued within a wake-up.
 
+#include <algorithm>
 #include <gtest/gtest.h>
+#include <numeric>
+#include <vector>
 
 #include "spin.h"
 
@@ -11,13 +14,14 @@ namespace {
 
 constexpr int64_t kCap = 50000; // 50 us, RSTREAM_POLL_US's default
 
-// The windows of n waits in a row, each of which ended after waitedNs.
-std::vector<int64_t> run(AdaptiveSpin &s, int n, int64_t waitedNs)
+// The windows of n waits in a row, each of which ended after waitedNs; spun: each recorded as
+// having spun its window (as the waits do), else as having spun nothing.
+std::vector<int64_t> run(AdaptiveSpin &s, int n, int64_t waitedNs, bool spun = false)
 {
     std::vector<int64_t> windows;
     for (int i = 0; i < n; i++) {
         windows.push_back(s.windowNs(kCap));
-        s.record(waitedNs, kCap);
+        s.record(waitedNs, kCap, spun ? windows.back() : 0);
     }
     return windows;
 }
@@ -108,14 +112,9 @@ TEST(AdaptiveSpin, AFullSpinThatMissedShrinksTheWindow)
     // caught nothing, and its wake-up came within kWakeSlackNs of the cap: the window falls
     // all the same, and the spin soon stops but for probes.
     AdaptiveSpin s;
-    int64_t spent = 0;
     const int n = 200;
-    for (int i = 0; i < n; i++) {
-        const int64_t window = s.windowNs(kCap);
-        if (i >= n / 2)
-            spent += window;
-        s.record(100000, kCap, window);
-    }
+    const std::vector<int64_t> w = run(s, n, 100000, true);
+    const int64_t spent = std::accumulate(w.begin() + n / 2, w.end(), int64_t(0));
     EXPECT_EQ(s.currentNs(), 0);
     // Then only the probes spin (they spun the cap every time before: 100 %).
     EXPECT_LE(spent, int64_t(n / 2) * kCap / int64_t(AdaptiveSpin::kProbeEvery) + kCap);
@@ -133,14 +132,9 @@ TEST(AdaptiveSpin, MissedProbesComeLessOften)
     // each time, and come half as often after each miss, down to one wait in 256; a probe that
     // catches a short wait brings them back to every 16th.
     AdaptiveSpin s;
-    int probes = 0;
     const int n = 4096;
-    for (int i = 0; i < n; i++) {
-        const int64_t window = s.windowNs(kCap);
-        if (window == kCap)
-            probes++;
-        s.record(1000000, kCap, window);
-    }
+    const std::vector<int64_t> w = run(s, n, 1000000, true);
+    const auto probes = std::count(w.begin(), w.end(), kCap);
     EXPECT_EQ(s.currentNs(), 0);
     EXPECT_EQ(s.probeEvery(), AdaptiveSpin::kProbeMax);
     // The first wait (nothing learnt yet), one probe at each interval on the way down, then one
