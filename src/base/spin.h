@@ -30,7 +30,7 @@ class AdaptiveSpin
 public:
     static constexpr uint32_t kProbeEvery = 16;
     static constexpr uint32_t kProbeMax = 256; // a power of two, as kProbeEvery
-    static constexpr int64_t kFloorNs = 1000; // below this a window is no window
+    static constexpr int64_t kFloorNs = 1000;  // below this a window is no window
     // A cross-CPU wake-up takes tens of microseconds on a shared machine: a wait that slept
     // this much past the cap may have ended within it.
     static constexpr int64_t kWakeSlackNs = 100000;
