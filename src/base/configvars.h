@@ -57,6 +57,8 @@ inline constexpr ConfigVar kConfigVars[] = {
     {"RSTREAM_STRICT", Kind::Flag, 0, 1, "0", "verbs-shaped memory registration (tests)"},
     {"RSTREAM_SAME_HOST", Kind::Flag, 0, 1, "1",
      "0: peers on this machine use the fabric too, not shared memory"},
+    {"RSTREAM_QUIET_SIGNAL", Kind::Flag, 0, 1, "1",
+     "0: tcp (libfabric 1.17 and older) wakes a connection's wait fd for each completion"},
     {"RSTREAM_LOG", Kind::Level, 0, 4, "warn", "log level"},
     {"RSTREAM_LOG_FILE", Kind::Text, 0, 0, "", "log file (%p = pid; empty: stderr)"},
     {"RSTREAM_BACKTRACE", Kind::Flag, 0, 1, "1",

@@ -388,6 +388,11 @@ private:
     // The wait fd no longer signals what comes next: a parked poller must look and arm again.
     void disarmLocked();
     int armLocked(bool light = false); // light: may skip fi_trywait (see wait.cpp)
+    // quiet_signal.cpp: once connected; after each send the provider took; an arm without a
+    // system call where the last progress pass saw everything.
+    void quietSignalLocked();
+    void noteTxPostedLocked();
+    void lightArmLocked();
     ssize_t recvLocked(const iovec *iov, int iovcnt, int flags);
 
     // progressed: the caller has just made progress and found nothing, so the first look is
@@ -510,6 +515,9 @@ private:
     bool changed_ = false;              // progress changed what waiters may be waiting for
     uint32_t eqSkips_ = 0;              // progress calls since the EQ was last read while connected
     bool cqDrained_ = false;            // the last read found the CQ empty (armLocked())
+    // quiet_signal.cpp: the wait set's signal is out of the wait fd; the last read took all the
+    // CQ held; a send was posted after the last progress pass (its end may not show in the fd).
+    bool quietSignal_ = false, cqTaken_ = false, unverified_ = false;
     bool eqDue_ = false; // the CQ reported an error since the EQ was last found empty
     sockaddr_storage bindAddr_{};
     socklen_t bindLen_ = 0;

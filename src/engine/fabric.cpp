@@ -293,11 +293,12 @@ int Domain::get(const fi_info *info, bool strict, std::shared_ptr<Domain> *out, 
     // The library in use, not the headers built against: tcp was rewritten in 1.18.
     const uint32_t lib = fabricLibraryVersion();
     c.levelWait = c.placesInCalls && c.waitSets && FI_MAJOR(lib) == 1 && FI_MINOR(lib) <= 17;
+    c.quietSignal = c.levelWait && FI_MINOR(lib) >= 16;
     RS_LOG(Debug,
            "domain %s: mr_local=%d virt_addr=%d prov_key=%d mr_ep=%d rx_cq_data=%d "
-           "cq_data=%zu inject=%zu tx=%u rx=%u iwarp=%d wait_sets=%d level_wait=%d",
+           "cq_data=%zu inject=%zu tx=%u rx=%u iwarp=%d wait_sets=%d level_wait=%d quiet=%d",
            key.c_str(), c.mrLocal, c.virtAddr, c.provKey, c.mrEndpoint, c.rxCqData, c.cqDataSize,
-           c.injectSize, c.maxTx, c.maxRx, c.iwarp, c.waitSets, c.levelWait);
+           c.injectSize, c.maxTx, c.maxRx, c.iwarp, c.waitSets, c.levelWait, c.quietSignal);
     if (!own)
         gDomains[key] = d;
     *out = d;

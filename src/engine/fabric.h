@@ -42,6 +42,10 @@ struct ProviderCaps
     // queues and with every send it could not finish), so that an arm made right after a read
     // that emptied the CQ needs no fi_trywait (see Connection::armLocked()).
     bool levelWait = false;
+    // And every CQ read makes a progress pass (libfabric 1.16 and 1.17; before, only a read of
+    // an empty CQ did): the wait set's signal can be taken out of the wait fd once connected
+    // (quiet_signal.cpp).
+    bool quietSignal = false;
 };
 
 // A fabric and domain pair shared by every endpoint on it.

@@ -249,6 +249,7 @@ void Connection::processEqLocked()
             if (state_ == State::Connected && shOn_.load(std::memory_order_relaxed)) {
                 shConnectedLocked();
             } else if (state_ == State::Connected && !passive_) {
+                quietSignalLocked();
                 passive_ = true;
                 ProgressThread::instance().addPassive(this, waitFd_);
                 // The connect deadline is past use: its tick would only wake the thread (4,000

@@ -98,6 +98,9 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
             rxCopying_ = false;
             consumeLocked(n);
             sendCreditsLocked();
+            // Read dry since the last pass: armed without one (quiet_signal.cpp).
+            if (readableLocked() == 0)
+                lightArmLocked();
             watch();
         }
         copied += n;
@@ -154,12 +157,14 @@ void Connection::processCqLocked()
     // Reading may take an event that the armed wait fd signalled (on verbs the CQ is then
     // disarmed until the next fi_trywait): the next look makes progress again.
     disarmLocked();
-    cqDrained_ = false; // until a read finds it empty (armLocked())
+    cqDrained_ = cqTaken_ = false; // until a read finds it empty (armLocked())
+    // The read's progress pass registers the POLLOUT of a send left unfinished.
+    unverified_ = false;
     fi_cq_data_entry entries[16];
     for (int batch = 0; batch < kMaxBatches; batch++) {
         ssize_t n = fi_cq_read(cq_, entries, 16);
         if (n == -FI_EAGAIN) {
-            cqDrained_ = true;
+            cqDrained_ = cqTaken_ = true;
             return;
         }
         if (n == -FI_EAVAIL) {
@@ -230,8 +235,13 @@ void Connection::processCqLocked()
                 }
             }
         }
-        if (n < 16)
+        // A short batch took all the CQ held after the read's progress pass: with the signal
+        // quiet, what comes next shows in the socket (quiet_signal.cpp). Not drained as the
+        // passive rounds mean it: the socket may hold more than a pass takes.
+        if (n < 16) {
+            cqTaken_ = true;
             return;
+        }
     }
 }
 

@@ -44,6 +44,9 @@ struct Settings
     // namespace. fromEnv() turns it on (RSTREAM_SAME_HOST, default 1), as the rsocket API and
     // the shim run; a Settings made in code, as the engine's tests make theirs, asks for it.
     bool sameHost = false;
+    // On tcp up to libfabric 1.17, take the provider's completion signal out of a connected
+    // endpoint's wait fd (quiet_signal.cpp). RSTREAM_QUIET_SIGNAL=0 keeps it.
+    bool quietSignal = true;
     std::string provider; // empty: verbs when usable, else tcp
 
     // The defaults overridden by RSTREAM_* environment variables (the registry in configvars.h

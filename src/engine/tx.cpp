@@ -152,6 +152,7 @@ int Connection::sendWordLocked(uint32_t word)
         return -ECONNRESET;
     }
     txOps_.commit();
+    noteTxPostedLocked();
     peer_.onCtrlSent();
     return 0;
 }
@@ -258,6 +259,7 @@ void Connection::flushLocked(bool force, bool uncork)
             return;
         }
         tx_.posted += len;
+        noteTxPostedLocked();
         peer_.onDataSent(len);
         txOps_.countWrite();
         bytesSent_.fetch_add(len, std::memory_order_relaxed);

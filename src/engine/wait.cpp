@@ -223,8 +223,29 @@ int Connection::armLocked(bool light)
     //   posted receives (always some) with errors first (eqDue_).
     // - The socket's data is in the fd itself; a pass takes all that the socket buffer held.
     // A signal still set only makes the sleep end at once: the look after it resets it.
-    if (light && domain_->caps().levelWait && waitSet_ && state_ == State::Connected && !error_ &&
-        !closed_ && rxCount_ > 0 && cqDrained_ && !eqDue_) {
+    const bool lightOk = light && domain_->caps().levelWait && waitSet_ &&
+                         state_ == State::Connected && !error_ && !closed_ && rxCount_ > 0 &&
+                         !eqDue_;
+    if (lightOk && quietSignal_) {
+        // The signal is quiet (quiet_signal.cpp): what the last pass saw is known, and a send
+        // posted since is verified by one more pass (a CQ read), which registers its POLLOUT
+        // if the provider could not finish it. A pass that brings anything fails the arm, as
+        // a failed fi_trywait does.
+        if (!cqTaken_ || unverified_) {
+            const bool before = changed_;
+            changed_ = false;
+            processCqLocked();
+            const bool brought = changed_ || !cqTaken_ || error_ || eqDue_;
+            changed_ = changed_ || before;
+            if (brought) {
+                wakeSleepersLocked();
+                return -EAGAIN;
+            }
+        }
+        armed_.store(true, std::memory_order_release);
+        return 0;
+    }
+    if (lightOk && cqDrained_) {
         armed_.store(true, std::memory_order_release);
         return 0;
     }
@@ -237,7 +258,9 @@ int Connection::armLocked(bool light)
     int ret = fi_trywait(domain_->fabric(), fids, waitSet_ ? 1 : 2);
     // A try that succeeded found both empty after its pass; one that failed may have left
     // completions queued behind a signal it reset.
-    cqDrained_ = ret == 0;
+    cqDrained_ = cqTaken_ = ret == 0;
+    if (ret == 0)
+        unverified_ = false; // the try registered a send's POLLOUT as a pass does
     if (ret == -FI_EAGAIN)
         return -EAGAIN;
     if (ret == 0) {
@@ -528,6 +551,12 @@ int Connection::backgroundProgress(bool *closedDone, int64_t *recheckNs)
         // The application has gone quiet after injected writes: a KEEPALIVE's completion tells
         // when the provider has handed them over; until then the fd is watched for them.
         sendWordLocked(wire::encodeCtrl(wire::Ctrl::Keepalive));
+    }
+    if (unverified_) {
+        // The signal is quiet (quiet_signal.cpp): what this round sent reported its end in the
+        // call (or the pass registers its POLLOUT), and no signal would wake this thread for it.
+        processCqLocked();
+        wakeSleepersLocked();
     }
     if (closing_) {
         bool delivered = tx_.unsent() == 0 && disconnectSent_ && txOps_.empty();

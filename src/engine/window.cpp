@@ -186,6 +186,7 @@ ssize_t Connection::writeWindow(const void *buf, size_t len, off_t offset, int f
             }
             // Its ring space is released in order with the data around it.
             txOps_.commit();
+            noteTxPostedLocked();
             tx_.tail += n;
             tx_.posted += n;
             txOps_.countWrite();
@@ -266,6 +267,7 @@ bool Connection::flushRecordsLocked()
         }
         op.record = true;
         txOps_.commit();
+        noteTxPostedLocked();
         recordsPosted_++;
         if (p.rec.length == 0)
             withdrawalsSent_++;
