@@ -12,42 +12,20 @@
 
 #include "engine_fixture.h"
 #include "fabric.h"
-
-namespace {
-// This executable's epoll_wait is the one libfabric binds to (export_dynamic): the provider's
-// progress passes and tries are counted here, for the thread that sets tCounting.
-thread_local bool tCounting = false;
-std::atomic<int> gEpollWaits{0};
-} // namespace
-
-extern "C" int epoll_wait(int epfd, epoll_event *events, int maxevents, int timeout)
-{
-    if (tCounting)
-        gEpollWaits.fetch_add(1);
-    return static_cast<int>(
-        syscall(SYS_epoll_pwait, epfd, events, maxevents, timeout, nullptr, _NSIG / 8));
-}
+#include "provider_passes.h"
 
 namespace rstream {
 namespace {
 
 using ArmTest = EngineTest;
+using test::gEpollWaits;
+using test::readable;
+using test::tCounting;
 
 bool levelWaitProvider()
 {
     return fabricLibraryVersion() && FI_MAJOR(fabricLibraryVersion()) == 1 &&
            FI_MINOR(fabricLibraryVersion()) <= 17;
-}
-
-// Waits up to 5 s for c to have n bytes readable, looking as a poller would.
-bool readable(Connection &c, ssize_t n)
-{
-    for (int i = 0; i < 5000; i++) {
-        if (c.peekRecv() >= n)
-            return true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return false;
 }
 
 TEST_P(ArmTest, AnArmAfterAnEmptyingLookMakesNoProviderCall)
