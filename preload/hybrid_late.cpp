@@ -486,6 +486,11 @@ void HybridSocket::lateAccount()
     const Upgrade u = upgrade_.load();
     if (!isLate(u))
         return;
+    // A server that closes before its client's count came: the client sent it over the fabric
+    // before it saw the end, and what a closed connection gets is answered with a reset, which
+    // costs the client what it has not read yet (this end's last bytes). The count is dropped.
+    if (u == Upgrade::LateSwitch && accepted_ && !lateTargetKnown_ && upSock_)
+        upSock_->allowAfterClose(kClientCountSize);
     // A server whose client closed before sending its count never read a byte of it over the
     // fabric: that connection ended before its switch as well, as the client counts it.
     if (u != Upgrade::LateSwitch || (!lateTargetKnown_ && lateFabricEnd_)) {

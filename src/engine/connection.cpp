@@ -307,4 +307,10 @@ int Connection::peerAddress(sockaddr_storage *addr, socklen_t *len) const
     return 0;
 }
 
+void Connection::allowAfterClose(uint64_t bytes)
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    closeAllowance_ = bytes;
+}
+
 } // namespace rstream

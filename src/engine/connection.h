@@ -145,6 +145,7 @@ public:
 
     // shutdown(2) semantics: SHUT_RD, SHUT_WR, SHUT_RDWR.
     int shutdown(int how);
+    void allowAfterClose(uint64_t bytes); // after close, this much peer data is no reset
     // Graceful close: data already accepted is still delivered, then the peer sees EOF. The
     // object may be destroyed right after; delivery finishes in the background.
     static void close(std::unique_ptr<Connection> conn);
@@ -388,8 +389,7 @@ private:
     // The wait fd no longer signals what comes next: a parked poller must look and arm again.
     void disarmLocked();
     int armLocked(bool light = false); // light: may skip fi_trywait (see wait.cpp)
-    // quiet_signal.cpp: once connected; after each send the provider took; an arm without a
-    // system call where the last progress pass saw everything.
+    // quiet_signal.cpp: once connected; after each send; an arm without a system call.
     void quietSignalLocked();
     void noteTxPostedLocked();
     void lightArmLocked();
@@ -515,10 +515,10 @@ private:
     bool changed_ = false;              // progress changed what waiters may be waiting for
     uint32_t eqSkips_ = 0;              // progress calls since the EQ was last read while connected
     bool cqDrained_ = false;            // the last read found the CQ empty (armLocked())
-    // quiet_signal.cpp: the wait set's signal is out of the wait fd; the last read took all the
-    // CQ held; a send was posted after the last progress pass (its end may not show in the fd).
+    // quiet_signal.cpp: signal out of the wait fd; CQ emptied; a send posted since the last pass.
     bool quietSignal_ = false, cqTaken_ = false, unverified_ = false;
-    bool eqDue_ = false; // the CQ reported an error since the EQ was last found empty
+    uint64_t closeAllowance_ = 0; // allowAfterClose()
+    bool eqDue_ = false;          // the CQ reported an error since the EQ was last found empty
     sockaddr_storage bindAddr_{};
     socklen_t bindLen_ = 0;
     bool passive_ = false; // in the progress thread's passive set

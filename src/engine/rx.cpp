@@ -274,6 +274,15 @@ void Connection::handleWordLocked(uint32_t word, const uint8_t *record)
         local_.onWritten(m->len);
         rxEvents_.fetch_add(1, std::memory_order_relaxed);
         bytesReceived_.fetch_add(m->len, std::memory_order_relaxed);
+        if (closing_ && m->len <= closeAllowance_) {
+            // Dropped, as allowAfterClose() asked: the shim's switch count, which the peer sent
+            // before it saw the close. A reset for it would cost the peer what it has not read.
+            closeAllowance_ -= m->len;
+            RS_LOG(Debug, "%u bytes after close dropped (allowed)", m->len);
+            rx_.consumed = rx_.written;
+            local_.onConsumed(m->len);
+            break;
+        }
         if (closing_) {
             // Data for a closed socket: the kernel answers with a reset, and so do we.
             sendWordLocked(wire::encodeCtrl(wire::Ctrl::Reset));

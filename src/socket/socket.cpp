@@ -343,6 +343,17 @@ void Socket::useConnectionLocked(std::shared_ptr<Connection> c, size_t sendBuf)
     applyUserTimeoutLocked();
 }
 
+void Socket::allowAfterClose(uint64_t bytes)
+{
+    std::shared_ptr<Connection> conn;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        conn = conn_;
+    }
+    if (conn)
+        conn->allowAfterClose(bytes);
+}
+
 int Socket::shutdown(int how)
 {
     if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)

@@ -84,6 +84,8 @@ public:
     ssize_t send(const iovec *iov, int iovcnt, int flags);
     ssize_t recv(const iovec *iov, int iovcnt, int flags);
     int shutdown(int how);
+    // The connection's Connection::allowAfterClose(), where it has one.
+    void allowAfterClose(uint64_t bytes);
     // riomap(3), riounmap(3), riowrite(3) on a connected socket: prot PROT_WRITE (a window the
     // peer can write) or PROT_NONE (recorded only), flags 0. riowrite takes MSG_DONTWAIT and
     // MSG_NOSIGNAL (the caller raises SIGPIPE); other flags are ignored, as rsockets does.
