@@ -345,12 +345,7 @@ void Socket::useConnectionLocked(std::shared_ptr<Connection> c, size_t sendBuf)
 
 void Socket::allowAfterClose(uint64_t bytes)
 {
-    std::shared_ptr<Connection> conn;
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        conn = conn_;
-    }
-    if (conn)
+    if (std::shared_ptr<Connection> conn = connection())
         conn->allowAfterClose(bytes);
 }
 
