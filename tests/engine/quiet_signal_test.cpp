@@ -106,11 +106,12 @@ TEST_P(QuietSignalTest, AWriterAsleepStillPushesWhatTheProviderKept)
     const size_t small = 4096, big = 12 << 20;
     std::vector<char> out(big, 'x'), in(small + big);
     std::atomic<bool> answered{false};
-    std::thread reader([&] {
+    Connection *srv = s.get(); // clang 14 cannot capture a structured binding
+    std::thread reader([&in, &answered, srv] {
         // Not reading until the writer sleeps.
         std::this_thread::sleep_for(std::chrono::milliseconds(300));
-        if (s->recv(in.data(), in.size(), kWaitAll, 20000) == ssize_t(in.size()) &&
-            s->send("a", 1, 0, 5000) == 1)
+        if (srv->recv(in.data(), in.size(), kWaitAll, 20000) == ssize_t(in.size()) &&
+            srv->send("a", 1, 0, 5000) == 1)
             answered = true;
     });
     // The first send after a pause reaps its write's completion (a pass); the big one right
