@@ -520,7 +520,9 @@ TEST_P(EngineTest, DataAllowedAfterCloseIsDropped)
         s->allowAfterClose(8);
         ASSERT_EQ(s->send("bye", 3), 3);
         Connection::close(std::move(s));
-        ASSERT_EQ(c->send("12345678", 8), 8);
+        // EPIPE when the DISCONNECT came first (writes end there): nothing reached the closed end.
+        const ssize_t w = c->send("12345678", 8);
+        ASSERT_TRUE(w == 8 || w == -EPIPE) << "round " << round << ": " << w;
         std::this_thread::sleep_for(std::chrono::milliseconds(50)); // a reset would come meanwhile
         std::string got;
         char b[8];
