@@ -98,9 +98,6 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
             rxCopying_ = false;
             consumeLocked(n);
             sendCreditsLocked();
-            // Read dry since the last pass: armed without one (quiet_signal.cpp).
-            if (readableLocked() == 0)
-                lightArmLocked();
             watch();
         }
         copied += n;
