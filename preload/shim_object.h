@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "fabric.h"
+#include "provider_sends.h"
 #include "shim.h"
 
 namespace rstream::shim {
@@ -247,6 +248,23 @@ inline FILE *Shim::fopen64(const char *path, const char *mode)
     return hidden(path) ? nullptr : real.fopen64()(path, mode);
 }
 
+// A socket send passed through to the kernel: when it is the provider's, made inside one of the
+// engine's posts, the engine learns whether the kernel took it whole (provider_sends.h). The
+// provider sends its data with send and sendmsg; its wake-up signal is a write(), not counted.
+inline ssize_t passedSend(ssize_t r, size_t len, int flags)
+{
+    noteProviderSend(r, len, flags);
+    return r;
+}
+
+inline size_t iovBytes(const iovec *iov, size_t n)
+{
+    size_t len = 0;
+    for (size_t i = 0; iov && i < n; i++)
+        len += iov[i].iov_len;
+    return len;
+}
+
 inline std::shared_ptr<HybridSocket> Shim::dataSocket(int fd, const void *ra)
 {
     auto s = engineSocket(fd, ra);
@@ -300,7 +318,7 @@ inline ssize_t Shim::send(const void *ra, int fd, const void *buf, size_t len, i
 {
     auto s = dataSocket(fd, ra);
     if (!s)
-        return real.send()(fd, buf, len, flags);
+        return passedSend(real.send()(fd, buf, len, flags), len, flags);
     return sendEngine(*s, buf, len, flags);
 }
 
@@ -309,15 +327,19 @@ inline ssize_t Shim::sendto(const void *ra, int fd, const void *buf, size_t len,
 {
     auto s = dataSocket(fd, ra);
     if (!s)
-        return real.sendto()(fd, buf, len, flags, to, tolen);
+        return passedSend(real.sendto()(fd, buf, len, flags, to, tolen), len, flags);
     return sendEngine(*s, buf, len, flags); // the address is ignored, as on connected TCP
 }
 
 inline ssize_t Shim::sendmsg(const void *ra, int fd, const msghdr *msg, int flags)
 {
     auto s = dataSocket(fd, ra);
-    if (!s)
-        return real.sendmsg()(fd, msg, flags);
+    if (!s) {
+        const ssize_t r = real.sendmsg()(fd, msg, flags);
+        if (tProviderSends.on && msg)
+            noteProviderSend(r, iovBytes(msg->msg_iov, msg->msg_iovlen), flags);
+        return r;
+    }
     return sendmsgEngine(*s, msg, flags);
 }
 

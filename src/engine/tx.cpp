@@ -13,6 +13,7 @@
 #include "clock.h"
 #include "crash.h"
 #include "progress.h"
+#include "provider_sends.h"
 
 namespace rstream {
 
@@ -222,6 +223,7 @@ void Connection::flushLocked(bool force, bool uncork)
         const uint32_t word = *encoded;
         TxOp &op = txOps_.prepare(len);
         ssize_t ret;
+        bool injectLeft = false;
         // A write the provider can inject needs no completion: its ring space is free again
         // at once, and nothing wakes either side for it.
         const bool inject = !iwarp_ && len <= injectSize_;
@@ -243,9 +245,11 @@ void Connection::flushLocked(bool force, bool uncork)
                     txOps_.commit();
             }
         } else if (inject) {
+            ProviderSendScope sends;
             ret = fi_inject_writedata(ep_, sendBase_ + srcOff, len, word, 0, dst, peerKey_);
             if (ret == 0)
                 txOps_.commit();
+            injectLeft = sends.allTaken();
         } else {
             ret = fi_writedata(ep_, sendBase_ + srcOff, len, localDesc_, word, 0, dst, peerKey_,
                                &op.ctx);
@@ -259,12 +263,16 @@ void Connection::flushLocked(bool force, bool uncork)
             return;
         }
         tx_.posted += len;
-        noteTxPostedLocked();
+        // An inject the kernel took whole has left the provider: nothing of it is to verify
+        // or to wait for (provider_sends.h).
+        if (!injectLeft)
+            noteTxPostedLocked();
         peer_.onDataSent(len);
         txOps_.countWrite();
         bytesSent_.fetch_add(len, std::memory_order_relaxed);
         if (inject) {
-            txOps_.onInject(op);
+            if (!injectLeft)
+                txOps_.onInject(op);
             onTxCompleteLocked(&op);
         }
     }

@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: MIT
 // The tcp provider's completion signal out of a connected endpoint's wait fd (libfabric 1.16 and
-// 1.17, quiet_signal.cpp): an answered request leaves the fd quiet, and a send the provider
-// could not finish is still pushed while its writer sleeps on that fd.
+// 1.17, quiet_signal.cpp): an answered request leaves the fd quiet, an answer the kernel took
+// whole needs no pass, and a send the provider could not finish is still pushed while its
+// writer sleeps on that fd.
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/syscall.h>
@@ -15,12 +17,15 @@
 #include "engine_fixture.h"
 #include "fabric.h"
 #include "provider_passes.h"
+#include "provider_sends_hook.h"
 
 namespace rstream {
 namespace {
 
 using QuietSignalTest = EngineTest;
+using test::gCutNextSend;
 using test::gEpollWaits;
+using test::gReportSends;
 using test::readable;
 using test::tCounting;
 
@@ -38,14 +43,16 @@ bool readableFd(int fd)
 
 // After a server's request and answer, the provider's signal is set (by the read's own
 // completions): only fi_trywait resets it, a read of the signal and two progress passes for
-// each arm. Quiet, the arm makes one pass (the one that verifies the answer's send), the armed
-// fd is not readable with nothing to come, and the next request makes it readable.
+// each arm. Quiet, the arm makes one pass (the one that verifies the answer's send: here the
+// provider's sends go unreported, as under librstream.so), the armed fd is not readable with
+// nothing to come, and the next request makes it readable.
 TEST_P(QuietSignalTest, AnAnsweredRequestLeavesTheWaitFdQuiet)
 {
     if (GetParam().sameHost || GetParam().strict || GetParam().iwarp)
         GTEST_SKIP() << "the default mode covers it (strict: no wait set)";
     if (!quietProvider())
         GTEST_SKIP() << "the signal stays in the wait fd on this libfabric";
+    gReportSends = false;
     for (const bool quiet : {true, false}) {
         Settings st = settings();
         st.quietSignal = quiet;
@@ -84,6 +91,84 @@ TEST_P(QuietSignalTest, AnAnsweredRequestLeavesTheWaitFdQuiet)
         ASSERT_EQ(c->send("q", 1, 0, 5000), 1);
         pollfd p{s->hintFd(), POLLIN, 0};
         EXPECT_EQ(poll(&p, 1, 5000), 1) << "a request did not make the armed fd readable";
+    }
+    gReportSends = true;
+}
+
+// Answers of a byte, injected. With the provider's sends reported (as the preload shim's
+// interposer reports them), an answer the kernel took whole left nothing in the provider: the
+// server's recv that read the request dry armed the fd, the answer leaves it armed, and the arm
+// after it makes no pass. Unreported, each arm makes the pass that verifies the answer.
+TEST_P(QuietSignalTest, AnAnswerTheKernelTookWholeNeedsNoPass)
+{
+    if (GetParam().sameHost || GetParam().strict || GetParam().iwarp)
+        GTEST_SKIP() << "the default mode covers it (strict: no wait set; iwarp: no inject)";
+    if (!quietProvider())
+        GTEST_SKIP() << "the signal stays in the wait fd on this libfabric";
+    auto [c, s] = pair(settings(), settings());
+    ASSERT_TRUE(c && s);
+    const int n = 50;
+    int passes[2] = {0, 0};
+    for (const bool report : {true, false}) {
+        gReportSends = report;
+        char b = 0;
+        for (int i = 0; i < n; i++) {
+            ASSERT_EQ(c->send("q", 1, 0, 5000), 1);
+            ASSERT_TRUE(readable(*s, 1)) << "request " << i;
+            ASSERT_EQ(s->recv(&b, 1, 0, 5000), 1);
+            ASSERT_EQ(s->send("a", 1, 0, 5000), 1);
+            gEpollWaits = 0;
+            tCounting = true;
+            int r = s->arm();
+            for (int k = 0; k < 4 && r == -EAGAIN; k++)
+                r = s->arm();
+            tCounting = false;
+            ASSERT_EQ(r, 0) << strerror(-r);
+            passes[report] += gEpollWaits.load();
+            ASSERT_TRUE(readable(*c, 1)) << "answer " << i;
+            ASSERT_EQ(c->recv(&b, 1, 0, 5000), 1);
+        }
+    }
+    gReportSends = true;
+    RecordProperty("reported_arm_passes", passes[1]);
+    RecordProperty("unreported_arm_passes", passes[0]);
+    // A credit return now and then is a send with a completion: its arm verifies it.
+    EXPECT_LE(passes[1], n / 10) << "arms after answers the kernel took whole made passes";
+    EXPECT_GE(passes[0], n) << "unreported answers were not verified";
+}
+
+// The kernel takes only half of an injected answer (as from a full socket buffer): the
+// provider keeps the rest, which only a progress pass pushes (it registers the socket's
+// POLLOUT and writes when the socket takes it). The server only arms, as a poller before it
+// sleeps; the client must still get the whole answer. (Taken for a whole one, the answer's
+// rest stayed in the provider, and nothing on the server side looked again.)
+TEST_P(QuietSignalTest, AnAnswerTheKernelCutShortIsStillPushed)
+{
+    if (GetParam().sameHost || GetParam().strict || GetParam().iwarp)
+        GTEST_SKIP() << "the default mode covers it (strict: no wait set; iwarp: no inject)";
+    if (!quietProvider())
+        GTEST_SKIP() << "the signal stays in the wait fd on this libfabric";
+    auto [c, s] = pair(settings(), settings());
+    ASSERT_TRUE(c && s);
+    char buf[100];
+    for (int round = 0; round < 5; round++) {
+        SCOPED_TRACE(round);
+        // A request read dry: the server's connection is armed, its CQ taken.
+        ASSERT_EQ(c->send("q", 1, 0, 5000), 1);
+        ASSERT_TRUE(readable(*s, 1));
+        ASSERT_EQ(s->recv(buf, 1, 0, 5000), 1);
+        std::memset(buf, 'a' + round, sizeof(buf));
+        gCutNextSend = true;
+        ASSERT_EQ(s->send(buf, sizeof(buf), 0, 5000), ssize_t(sizeof(buf)));
+        ASSERT_FALSE(gCutNextSend.exchange(false)) << "the answer did not go out in a send";
+        int r = s->arm();
+        for (int k = 0; k < 4 && r == -EAGAIN; k++)
+            r = s->arm();
+        ASSERT_EQ(r, 0) << strerror(-r);
+        ASSERT_TRUE(readable(*c, sizeof(buf))) << "the answer's rest stayed in the provider";
+        char in[sizeof(buf)];
+        ASSERT_EQ(c->recv(in, sizeof(in), kWaitAll, 5000), ssize_t(sizeof(in)));
+        EXPECT_EQ(std::memcmp(in, buf, sizeof(buf)), 0);
     }
 }
 
