@@ -389,9 +389,10 @@ private:
     // The wait fd no longer signals what comes next: a parked poller must look and arm again.
     void disarmLocked();
     int armLocked(bool light = false); // light: may skip fi_trywait (see wait.cpp)
-    // quiet_signal.cpp: once connected; after each send.
+    // quiet_signal.cpp: once connected; after each send; an arm without a system call.
     void quietSignalLocked();
     void noteTxPostedLocked();
+    void lightArmLocked();
     ssize_t recvLocked(const iovec *iov, int iovcnt, int flags);
 
     // progressed: the caller has just made progress and found nothing, so the first look is

@@ -116,4 +116,11 @@ void Connection::noteTxPostedLocked()
     }
 }
 
+void Connection::lightArmLocked()
+{
+    if (quietSignal_ && cqTaken_ && !unverified_ && !eqDue_ && !error_ && !closed_ &&
+        state_ == State::Connected && rxCount_ > 0 && quietLocked())
+        armed_.store(true, std::memory_order_release);
+}
+
 } // namespace rstream

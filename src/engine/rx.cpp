@@ -50,6 +50,10 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
             if (readableLocked() == 0) {
                 progressLocked();
                 progressed = true;
+                // Nothing came: armed without a pass of its own (quiet_signal.cpp), so that a
+                // poll after this read checks the wait fd instead of making another pass.
+                if (readableLocked() == 0)
+                    lightArmLocked();
             }
             state = peekRecvLocked();
             n = state > 0 ? std::min<uint64_t>(state, total - copied) : 0;
@@ -98,6 +102,9 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
             rxCopying_ = false;
             consumeLocked(n);
             sendCreditsLocked();
+            // Read dry since the last pass: armed without one (quiet_signal.cpp).
+            if (readableLocked() == 0)
+                lightArmLocked();
             watch();
         }
         copied += n;

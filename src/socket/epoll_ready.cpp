@@ -257,6 +257,19 @@ bool EpollSet::lookFromWakesLocked(const Entry &e, pollfd *fds, int n)
     return true;
 }
 
+void EpollSet::quietSinceLookLocked(Entry &e)
+{
+    // A fabric connection read dry arms without a pass (its recv, quiet_signal.cpp), so a
+    // member reported readable is, once the program has read it, armed again on the fd its
+    // lasting registration watches. Whatever reached that fd since the member's last look
+    // (the look's pass took what came before it) made an edge, which the wake-ups taken before
+    // this look would have noted (edgeSinceLook). With none, the look needs no pass: a server
+    // paid one per request, at the look after its answer, to find nothing.
+    std::shared_ptr<Connection> c = e.conn.lock();
+    if (c && !c->sameHost() && c->passHintFd() == e.hintFd)
+        c->hintQuiet();
+}
+
 int EpollSet::parkLocked(Entry &e, int64_t idleNs)
 {
     if (!e.slot && !e.connRaw) // no connection behind it: a listener, or none

@@ -256,6 +256,8 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
         if (!watching)
             if (std::shared_ptr<Connection> c = s->hintConnection())
                 watchLocked(*e, c);
+        if (watching && e->looked && e->hintLasting && !e->edgeSinceLook && e->hintFd >= 0)
+            quietSinceLookLocked(*e);
         Connection::clearLook();
         e->edgeSinceLook = false; // what fired before this look, the look sees
         looks_.fetch_add(1, std::memory_order_relaxed);

@@ -164,6 +164,9 @@ private:
     // have found nothing; once that is long enough (INT64_MAX before a sleep) it arms the
     // connection if the look did not.
     int parkLocked(Entry &e, int64_t idleNs);
+    // An active member looked at before whose connection has stayed armed on the fd it is
+    // registered with: its look reads the connection as it is (hintQuiet()).
+    void quietSinceLookLocked(Entry &e);
     // parkLocked() for a member without a connection (a listener), on the fds it names; only
     // when arm (its look does not arm it).
     int parkFdsLocked(Entry &e, bool arm);
