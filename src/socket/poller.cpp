@@ -30,6 +30,8 @@ struct PollScratch
     std::vector<short> interest;
     std::vector<pollfd> kfds, lookFds, sleepFds, selectFds;
     std::vector<nfds_t> kidx;
+    std::vector<WatchLook> looks; // what each socket's last look saw of its connection
+    std::vector<int> fired;       // wait fds the last sleep saw readable
     HintCheck hints;
     bool pollBusy = false, selectBusy = false;
 };
@@ -84,10 +86,11 @@ private:
 } // namespace
 [[maybe_unused]] const int gForkHandlers =
     pthread_atfork(nullptr, nullptr, [] { tWake.forgetAfterFork(); });
-void HintCheck::add(Pollable &s)
+void HintCheck::add(Pollable &s, const std::vector<int> &fired)
 {
     if (auto c = s.passHintConnection()) {
-        if (const int fd = c->passHintFd(); fd >= 0) {
+        if (const int fd = c->passHintFd();
+            fd >= 0 && std::find(fired.begin(), fired.end(), fd) == fired.end()) {
             conns_.push_back(std::move(c));
             fds_.push_back({fd, POLLIN, 0});
         }
@@ -112,6 +115,12 @@ void HintCheck::apply(const pollfd *fds) const
             conns_[i]->hintQuiet();
     for (auto &[s, at] : looks_)
         s->lookResults(fds + conns_.size() + at);
+}
+
+void HintCheck::applyQuiet() const
+{
+    for (auto &c : conns_)
+        c->hintQuiet();
 }
 
 void HintCheck::clear()
@@ -183,14 +192,26 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
 
     auto &lookFds = sc.lookFds; // the kernel fds, then the hint fds
     auto &hints = sc.hints;
+    auto &looks = sc.looks;
+    auto &fired = sc.fired;
+    fired.clear();
+    // The first look of a call that may sleep, when only connections are to be checked: the
+    // check of their armed wait fds is left to the sleep (it ends at once on one that is
+    // readable, and the look after it makes progress there). The ppoll before it found nothing
+    // at almost every request of a client that sends and then polls for the answer. A look
+    // that finds something ready is made again with the check: poll reports all that is.
+    bool sleepChecks = timeoutMs != 0 && kfds.empty();
     auto check = [&]() -> int {
         int count = 0;
         Connection::HintPass pass;
         hints.clear();
         for (auto &s : socks)
             if (s)
-                hints.add(*s);
-        if (!kfds.empty() || !hints.empty()) {
+                hints.add(*s, fired);
+        fired.clear();
+        if (sleepChecks && hints.onlyConnections()) {
+            hints.applyQuiet();
+        } else if (!kfds.empty() || !hints.empty()) {
             lookFds.assign(kfds.begin(), kfds.end());
             hints.appendTo(&lookFds);
             int r;
@@ -213,9 +234,12 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
                     count++;
             }
         }
+        looks.assign(nfds, WatchLook{nullptr, 0});
         for (nfds_t i = 0; i < nfds; i++) {
             if (socks[i]) {
+                Connection::clearLook();
                 fds[i].revents = static_cast<short>(socks[i]->pollEvents(fds[i].events));
+                looks[i] = Connection::lastLook();
                 if (fds[i].revents)
                     count++;
             }
@@ -229,6 +253,9 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
     auto &sleepFds = sc.sleepFds;
     for (;;) {
         int count = check();
+        if (sleepChecks && count != 0)
+            count = (sleepChecks = false, check()); // it returns now: every fd as it is
+        sleepChecks = false; // the looks after the first check the fds (a spin's, a sleep's)
         if (count != 0 || timeoutMs == 0) {
             if (count > 0 && missed && !roomWait)
                 tPollSpin.record(nowNs() - start, capNs, spinEnd - start);
@@ -270,9 +297,11 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
         // the look writes the eventfd, progress still pending makes arming fail.
         Waiters waiters(wakeFd);
         waiters.addAll(socks);
-        // A look again only if a connection holds the eventfd: its progress since the last
-        // look would wake nobody. Without, the sleep's fds show what came since.
-        if (waiters.any()) {
+        // A look again only if a connection holds the eventfd and changed since the last look
+        // (or was not looked at in it): its progress since would wake nobody. Without, the
+        // sleep's fds show what came since, and an arm that finds something ends the sleep
+        // before it begins.
+        if (waiters.changedSince(looks)) {
             count = check();
             if (count != 0)
                 return count;
@@ -287,6 +316,10 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
             return -EINTR;
         if (r < 0)
             return r;
+        // The wait fds the sleep saw readable: their looks make progress without a check.
+        for (size_t k = kfds.size() + 1; k < sleepFds.size(); k++)
+            if (sleepFds[k].revents & POLLIN)
+                fired.push_back(sleepFds[k].fd);
     }
 }
 } // namespace

@@ -27,11 +27,17 @@ namespace detail {
 class HintCheck
 {
 public:
-    void add(Pollable &s);
+    // fired: wait fds the sleep before this pass saw readable; their connections make
+    // progress at their look without a check of the fd first.
+    void add(Pollable &s, const std::vector<int> &fired);
     // Appends the hint fds, in order, to the fds of the caller's ppoll.
     void appendTo(std::vector<pollfd> *fds) const;
     // After that ppoll, with fds where the hint fds begin.
     void apply(const pollfd *fds) const;
+    // Without it: every hint fd taken for not readable. Only where a sleep on them follows
+    // (it ends at once on one that is), and no socket has look fds.
+    void applyQuiet() const;
+    bool onlyConnections() const { return lookFds_.empty(); }
     bool empty() const { return fds_.empty() && lookFds_.empty(); }
     // Whether all the pass has to check is one socket's look epoll (Pollable::lookIsEpoll).
     bool singleEpoll() const { return fds_.empty() && lookFds_.size() == 1 && epollLook_; }

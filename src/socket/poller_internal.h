@@ -99,6 +99,22 @@ public:
     }
     // Whether a connection holds the eventfd (so that its progress may write it).
     bool any() const { return !conns_.empty(); }
+    // Whether a registered connection may have changed since the look that left looks (one
+    // per socket): its sequence moved, or that look did not reach it. Its progress before the
+    // registration wrote no eventfd. Many connections are taken for changed (the search is
+    // quadratic), as are all without a sequence to compare.
+    bool changedSince(const std::vector<WatchLook> &looks) const
+    {
+        if (conns_.size() > kCompareMax)
+            return true;
+        for (auto &c : conns_) {
+            const auto it = std::find_if(looks.begin(), looks.end(),
+                                         [&](const WatchLook &l) { return l.conn == c.get(); });
+            if (it == looks.end() || it->seq != c->watchSeq())
+                return true;
+        }
+        return false;
+    }
     void clear()
     {
         for (auto &c : conns_)
@@ -107,6 +123,7 @@ public:
     }
 
 private:
+    static constexpr size_t kCompareMax = 16;
     int fd_;
     std::vector<std::shared_ptr<Connection>> conns_;
 };

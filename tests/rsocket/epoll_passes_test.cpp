@@ -1,14 +1,21 @@
 // SPDX-License-Identifier: MIT
-// The provider passes an emulated epoll wait costs a fabric server between requests: none for
-// the look after an answer the kernel took whole, and a request that came meanwhile still seen.
+// The provider passes an emulated epoll wait costs a fabric server between requests (none for
+// the look after an answer the kernel took whole, and a request that came meanwhile still
+// seen), and what a client's poll for its answer costs (one sleep, one pass).
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <poll.h>
 #include <sys/epoll.h>
+#include <thread>
 
 #include <gtest/gtest.h>
 
 #include "connection.h"
 #include "epoll_fixture.h"
+#include "kernel.h"
+#include "poller.h"
 #include "provider_sends_hook.h"
 #include "socket.h"
 
@@ -75,6 +82,77 @@ TEST_P(EpollReady, ALookAfterAnAnswerMakesNoPass)
     RecordProperty("looks_without_pass_unreported", quiet[0]);
     EXPECT_GE(quiet[1], n / 2 * 9 / 10) << "looks after answers the kernel took whole made passes";
     EXPECT_EQ(quiet[0], 0) << "a look after an unverified answer made no pass";
+}
+
+std::atomic<int> gPpolls{0};
+int countingPpoll(pollfd *fds, nfds_t n, const timespec *t, const sigset_t *mask)
+{
+    gPpolls++;
+    return ::ppoll(fds, n, t, mask);
+}
+std::shared_ptr<Pollable> gClient;
+std::shared_ptr<Pollable> pollClient(int fd)
+{
+    return fd == 1000 ? gClient : nullptr;
+}
+
+// A client sends a request, reads (nothing yet: that read's pass found nothing and armed the
+// connection), and polls for the answer, which the server sends 5 ms later. The poll sleeps on
+// the armed wait fd at once, and its look after the sleep makes the one pass that takes the
+// answer: a ppoll and a pass per request. Before, the poll made a pass of its own before the
+// sleep, a check of the fd after registering its wake-ups, and another check after the sleep
+// (three ppolls and two passes).
+TEST_P(EpollReady, APollForAnAnswerSleepsOnceAndLooksOnce)
+{
+    if (GetParam().sameHost)
+        GTEST_SKIP() << "a same-host link's look makes no provider pass";
+    connectPairs(1);
+    auto [c, s] = pairs_[0];
+    c->setNonblocking(true);
+    std::shared_ptr<Connection> conn = c->connection();
+    ASSERT_TRUE(conn);
+    gClient = c;
+    static sys::Calls table = [] {
+        sys::Calls t = sys::kLibc;
+        t.ppoll = countingPpoll;
+        return t;
+    }();
+    const int n = 20;
+    int ppolls = 0, passes = 0;
+    for (int i = 0; i < n; i++) {
+        SCOPED_TRACE(i);
+        sendByte(*c);
+        char b = 0;
+        iovec v{&b, 1};
+        ASSERT_EQ(c->recv(&v, 1, 0), -EAGAIN);
+        Socket *srv = s.get(); // clang 14 cannot capture a structured binding
+        std::thread server([srv] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            char r = 0;
+            iovec rv{&r, 1};
+            for (int k = 0; k < 5000 && srv->recv(&rv, 1, 0) != 1; k++)
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            EXPECT_EQ(srv->send(&rv, 1, 0), 1);
+        });
+        pollfd p{1000, POLLIN, 0};
+        const uint64_t before = conn->progressCalls();
+        sys::bind(&table);
+        gPpolls = 0;
+        const int r = pollFds(&p, 1, 5000, nullptr, pollClient, 0);
+        ppolls += gPpolls.load();
+        sys::bind(&sys::kLibc);
+        passes += static_cast<int>(conn->progressCalls() - before);
+        server.join();
+        ASSERT_EQ(r, 1);
+        EXPECT_EQ(p.revents, POLLIN);
+        ASSERT_EQ(c->recv(&v, 1, 0), 1);
+    }
+    gClient.reset();
+    RecordProperty("ppolls", ppolls);
+    RecordProperty("passes", passes);
+    // A wake-up before the provider has the whole answer costs a sleep and a pass more.
+    EXPECT_LE(ppolls, n + n / 4) << "polls checked the armed fd besides sleeping on it";
+    EXPECT_LE(passes, n + n / 4) << "polls made passes besides the one that took the answer";
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, EpollReady, ::testing::ValuesIn(kModes),
