@@ -372,7 +372,7 @@ private:
     bool needsBackgroundLocked() const;
     // The background work left is data that waits for the peer's credit, and nothing else.
     bool waitsForPeerLocked() const;
-    // ... is knowing that injected writes left the provider, and nothing else.
+    // ... is learning that sends left the provider (injects; writes seen sent whole), no more.
     bool onlyInjectsPendingLocked() const;
     bool takePendingLocked(); // what the last look did not take; true: it changed something
     int rearmLocked(bool light = false); // an arm that takes what is pending until it holds
@@ -391,7 +391,7 @@ private:
     int armLocked(bool light = false); // light: may skip fi_trywait (see wait.cpp)
     // quiet_signal.cpp: once connected; after each send; an arm without a system call.
     void quietSignalLocked();
-    void noteTxPostedLocked();
+    void noteTxPostedLocked(bool sentWhole = false); // the kernel took all the post sent
     void lightArmLocked();
     ssize_t recvLocked(const iovec *iov, int iovcnt, int flags);
 
@@ -559,7 +559,6 @@ private:
     RxSlot *rxSlots_ = nullptr;
     uint32_t rxCount_ = 0;
     size_t injectSize_ = 0; // largest write the provider injects
-
     sockaddr_storage localAddr_{};
     socklen_t localLen_ = 0;
     sockaddr_storage peerAddr_{};
@@ -572,9 +571,10 @@ private:
     // the progress thread keeps out of the way of an application that drives progress itself.
     std::atomic<int64_t> appProgressNs_{0};
     std::atomic<int> appSleeping_{0};
-    int64_t lastSendNs_ = 0;                // reapAfterSendLocked()
-    AdaptiveSpin spin_;                     // waitFor()'s spin before it sleeps
-    RoomRate roomRate_;                     // whether its waits for room spin
+    int64_t lastSendNs_ = 0;   // reapAfterSendLocked()
+    uint64_t untakenNext_ = 0; // txOps_.next() past the last op not seen sent whole (tx.cpp)
+    AdaptiveSpin spin_;        // waitFor()'s spin before it sleeps
+    RoomRate roomRate_;        // whether its waits for room spin
     std::atomic<uint64_t> spinChosenNs_{0}; // the spins waitFor() chose, summed (tests)
     // Idle ring release (ring_idle.cpp): armed once bytes moved since the last release; the
     // bytes moved when armed; when the timer is due.

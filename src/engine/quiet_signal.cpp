@@ -100,8 +100,12 @@ void Connection::quietSignalLocked()
     disarmLocked();
 }
 
-void Connection::noteTxPostedLocked()
+void Connection::noteTxPostedLocked(bool sentWhole)
 {
+    // An op whose sends were not all seen taken by the kernel may need a pass to complete:
+    // until it is released the progress thread looks at the connection soon (wait.cpp).
+    if (!sentWhole)
+        untakenNext_ = txOps_.next();
     if (!quietSignal_)
         return;
     // Until the next progress pass the fd may miss this send's end: a completion queued now, or

@@ -90,7 +90,8 @@ ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs
             // the application may not call again soon.
             if (tx_.unsent() > 0 && !corkHeld_)
                 progressLocked();
-            else if (!txOps_.empty() && domain_->caps().placesInCalls && reapAfterSendLocked()) {
+            else if (!txOps_.empty() && domain_->caps().placesInCalls && reapAfterSendLocked() &&
+                     txOps_.head() < untakenNext_) {
                 processCqLocked();
                 wakeSleepersLocked(); // what the read took, a sleeper's fd no longer shows
             }
@@ -111,6 +112,10 @@ bool Connection::reapAfterSendLocked()
     // client's next request, and the server needed waking for it). A connection written to
     // now and then reaps it at once; one written to steadily (a stream, a ping-pong) leaves it
     // to its next call, which comes soon (reaping after each 64 KiB write cost a stream 30 %).
+    // Writes whose sends the kernel was seen to take whole (provider_sends.h) are left to the
+    // next call too: the progress thread waits as long for them as for injects
+    // (onlyInjectsPendingLocked()), and the server's next look, which takes the next request,
+    // takes them with it (nginx: a pass a request less).
     const int64_t now = nowNs();
     const bool pause = now - lastSendNs_ >= kAppIdleNs;
     lastSendNs_ = now;
@@ -223,7 +228,7 @@ void Connection::flushLocked(bool force, bool uncork)
         const uint32_t word = *encoded;
         TxOp &op = txOps_.prepare(len);
         ssize_t ret;
-        bool injectLeft = false;
+        bool injectLeft = false, writeWhole = false;
         // A write the provider can inject needs no completion: its ring space is free again
         // at once, and nothing wakes either side for it.
         const bool inject = !iwarp_ && len <= injectSize_;
@@ -251,10 +256,12 @@ void Connection::flushLocked(bool force, bool uncork)
                 txOps_.commit();
             injectLeft = sends.allTaken();
         } else {
+            ProviderSendScope sends;
             ret = fi_writedata(ep_, sendBase_ + srcOff, len, localDesc_, word, 0, dst, peerKey_,
                                &op.ctx);
             if (ret == 0)
                 txOps_.commit();
+            writeWhole = sends.allTaken();
         }
         if (ret == -FI_EAGAIN)
             break;
@@ -266,7 +273,7 @@ void Connection::flushLocked(bool force, bool uncork)
         // An inject the kernel took whole has left the provider: nothing of it is to verify
         // or to wait for (provider_sends.h).
         if (!injectLeft)
-            noteTxPostedLocked();
+            noteTxPostedLocked(writeWhole);
         peer_.onDataSent(len);
         txOps_.countWrite();
         bytesSent_.fetch_add(len, std::memory_order_relaxed);

@@ -504,7 +504,10 @@ bool Connection::needsBackgroundLocked() const
 
 bool Connection::onlyInjectsPendingLocked() const
 {
-    return txOps_.injectPending() && txOps_.empty() && tx_.unsent() == 0 && tx_.inFlight() == 0 &&
+    // Injects, and writes whose sends the kernel took whole (their completions are queued for
+    // the next pass), left the provider: nothing is held back that a pass would have to push.
+    const bool sentWhole = txOps_.head() >= untakenNext_;
+    return (txOps_.injectPending() || !txOps_.empty()) && sentWhole && tx_.unsent() == 0 &&
            state_ == State::Connected && !error_ && !closing_ && !local_.due() && !kaAckOwed_ &&
            !unmappedOwed_ && !(shutWr_ && !shutWrSent_) && windows_.recordsEmpty();
 }

@@ -172,6 +172,48 @@ TEST_P(QuietSignalTest, AnAnswerTheKernelCutShortIsStillPushed)
     }
 }
 
+// A server answers a request every few milliseconds with more than the provider injects. A
+// send after a pause of a millisecond reaps its write's completion at once (a pass), unless
+// the kernel was seen to take the write whole: its completion is queued, and the next pass
+// (the server's look for the next request) takes it. The answers all arrive either way.
+TEST_P(QuietSignalTest, AWriteTheKernelTookWholeIsLeftToTheNextPass)
+{
+    if (GetParam().sameHost || GetParam().iwarp)
+        GTEST_SKIP() << "the default and strict modes cover it (iwarp: a write and a send)";
+    auto [c, s] = pair(settings(), settings());
+    ASSERT_TRUE(c && s);
+    std::vector<char> answer(1024, 'a'), in(answer.size());
+    const int n = 10;
+    int reaps[2] = {0, 0};
+    for (const bool report : {true, false}) {
+        gReportSends = report;
+        char b = 0;
+        for (int i = 0; i < n; i++) {
+            ASSERT_EQ(c->send("q", 1, 0, 5000), 1);
+            ASSERT_TRUE(readable(*s, 1)) << "request " << i;
+            ASSERT_EQ(s->recv(&b, 1, 0, 5000), 1);
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            gEpollWaits = 0;
+            tCounting = true;
+            const ssize_t r = s->send(answer.data(), answer.size(), 0, 5000);
+            tCounting = false;
+            ASSERT_EQ(r, ssize_t(answer.size()));
+            reaps[report] += gEpollWaits.load();
+            ASSERT_EQ(c->recv(in.data(), in.size(), kWaitAll, 5000), ssize_t(in.size()));
+        }
+    }
+    gReportSends = true;
+    RecordProperty("reported_send_passes", reaps[1]);
+    RecordProperty("unreported_send_passes", reaps[0]);
+    EXPECT_EQ(reaps[1], 0) << "sends the kernel took whole were reaped at once";
+    EXPECT_GE(reaps[0], n) << "unreported sends after a pause were not reaped at once";
+    // The completions left queued are taken by the next pass: nothing stays in the ring.
+    (void)s->peekSend();
+    Connection::FlowState f;
+    ASSERT_TRUE(s->flowState(&f));
+    EXPECT_EQ(f.sendQueued, 0u) << "a write's ring space was not given back";
+}
+
 // A writer fills both sockets (its rings are bigger than what the kernel buffers between
 // them), so the provider keeps the rest of its writes for later. Only a progress pass makes the
 // socket's POLLOUT part of the wait fd, and the provider no longer signals that it wants one:
