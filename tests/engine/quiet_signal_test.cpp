@@ -35,10 +35,48 @@ bool quietProvider()
     return v && FI_MAJOR(v) == 1 && FI_MINOR(v) >= 16 && FI_MINOR(v) <= 17;
 }
 
+// Why a test of injected answers on a quiet wait fd does not apply to a mode, or null.
+template <typename Mode>
+const char *notInjectedQuiet(const Mode &m)
+{
+    if (m.sameHost || m.strict || m.iwarp)
+        return "the default mode covers it (strict: no wait set; iwarp: no inject)";
+    return quietProvider() ? nullptr : "the signal stays in the wait fd on this libfabric";
+}
+
+// Sends reported again when a test that turned them off ends, however it ends.
+struct ReportedAtEnd
+{
+    ~ReportedAtEnd() { gReportSends = true; }
+};
+
 bool readableFd(int fd)
 {
     pollfd p{fd, POLLIN, 0};
     return poll(&p, 1, 0) == 1;
+}
+
+// One request of a byte and its answer; the server then arms, as a poller before it sleeps:
+// adds the provider passes of the arm to *passes, and whether the armed fd was readable.
+void answeredRound(Connection &c, Connection &s, int *passes, bool *readableAfter)
+{
+    char b = 0;
+    ASSERT_EQ(c.send("q", 1, 0, 5000), 1);
+    ASSERT_TRUE(readable(s, 1)) << "request";
+    ASSERT_EQ(s.recv(&b, 1, 0, 5000), 1);
+    ASSERT_EQ(s.send("a", 1, 0, 5000), 1);
+    gEpollWaits = 0;
+    tCounting = true;
+    int r = s.arm();
+    for (int k = 0; k < 4 && r == -EAGAIN; k++)
+        r = s.arm();
+    tCounting = false;
+    ASSERT_EQ(r, 0) << strerror(-r);
+    *passes += gEpollWaits.load();
+    ASSERT_GE(s.hintFd(), 0) << "not armed";
+    *readableAfter = readableFd(s.hintFd());
+    ASSERT_TRUE(readable(c, 1)) << "answer";
+    ASSERT_EQ(c.recv(&b, 1, 0, 5000), 1);
 }
 
 // After a server's request and answer, the provider's signal is set (by the read's own
@@ -52,6 +90,7 @@ TEST_P(QuietSignalTest, AnAnsweredRequestLeavesTheWaitFdQuiet)
         GTEST_SKIP() << "the default mode covers it (strict: no wait set)";
     if (!quietProvider())
         GTEST_SKIP() << "the signal stays in the wait fd on this libfabric";
+    ReportedAtEnd reported;
     gReportSends = false;
     for (const bool quiet : {true, false}) {
         Settings st = settings();
@@ -59,25 +98,14 @@ TEST_P(QuietSignalTest, AnAnsweredRequestLeavesTheWaitFdQuiet)
         auto [c, s] = pair(st, st);
         ASSERT_TRUE(c && s);
         int readableAfter = 0, passes = 0;
-        char b = 0;
         const int n = 50;
         for (int i = 0; i < n; i++) {
-            ASSERT_EQ(c->send("q", 1, 0, 5000), 1);
-            ASSERT_TRUE(readable(*s, 1)) << "request " << i;
-            ASSERT_EQ(s->recv(&b, 1, 0, 5000), 1);
-            ASSERT_EQ(s->send("a", 1, 0, 5000), 1);
-            gEpollWaits = 0;
-            tCounting = true;
-            int r = s->arm();
-            for (int k = 0; k < 4 && r == -EAGAIN; k++)
-                r = s->arm();
-            tCounting = false;
-            ASSERT_EQ(r, 0) << strerror(-r);
-            passes += gEpollWaits.load();
-            ASSERT_GE(s->hintFd(), 0) << "not armed";
-            readableAfter += readableFd(s->hintFd());
-            ASSERT_TRUE(readable(*c, 1)) << "answer " << i;
-            ASSERT_EQ(c->recv(&b, 1, 0, 5000), 1);
+            SCOPED_TRACE(i);
+            bool after = false;
+            answeredRound(*c, *s, &passes, &after);
+            if (HasFatalFailure())
+                return;
+            readableAfter += after;
         }
         RecordProperty(quiet ? "quiet_arm_passes" : "signal_arm_passes", passes);
         EXPECT_EQ(readableAfter, 0) << "the armed wait fd was readable with nothing to come";
@@ -92,7 +120,6 @@ TEST_P(QuietSignalTest, AnAnsweredRequestLeavesTheWaitFdQuiet)
         pollfd p{s->hintFd(), POLLIN, 0};
         EXPECT_EQ(poll(&p, 1, 5000), 1) << "a request did not make the armed fd readable";
     }
-    gReportSends = true;
 }
 
 // Answers of a byte, injected. With the provider's sends reported (as the preload shim's
@@ -101,35 +128,23 @@ TEST_P(QuietSignalTest, AnAnsweredRequestLeavesTheWaitFdQuiet)
 // after it makes no pass. Unreported, each arm makes the pass that verifies the answer.
 TEST_P(QuietSignalTest, AnAnswerTheKernelTookWholeNeedsNoPass)
 {
-    if (GetParam().sameHost || GetParam().strict || GetParam().iwarp)
-        GTEST_SKIP() << "the default mode covers it (strict: no wait set; iwarp: no inject)";
-    if (!quietProvider())
-        GTEST_SKIP() << "the signal stays in the wait fd on this libfabric";
+    if (const char *why = notInjectedQuiet(GetParam()))
+        GTEST_SKIP() << why;
     auto [c, s] = pair(settings(), settings());
     ASSERT_TRUE(c && s);
     const int n = 50;
     int passes[2] = {0, 0};
+    ReportedAtEnd reported;
     for (const bool report : {true, false}) {
         gReportSends = report;
-        char b = 0;
         for (int i = 0; i < n; i++) {
-            ASSERT_EQ(c->send("q", 1, 0, 5000), 1);
-            ASSERT_TRUE(readable(*s, 1)) << "request " << i;
-            ASSERT_EQ(s->recv(&b, 1, 0, 5000), 1);
-            ASSERT_EQ(s->send("a", 1, 0, 5000), 1);
-            gEpollWaits = 0;
-            tCounting = true;
-            int r = s->arm();
-            for (int k = 0; k < 4 && r == -EAGAIN; k++)
-                r = s->arm();
-            tCounting = false;
-            ASSERT_EQ(r, 0) << strerror(-r);
-            passes[report] += gEpollWaits.load();
-            ASSERT_TRUE(readable(*c, 1)) << "answer " << i;
-            ASSERT_EQ(c->recv(&b, 1, 0, 5000), 1);
+            SCOPED_TRACE(i);
+            bool after = false;
+            answeredRound(*c, *s, &passes[report], &after);
+            if (HasFatalFailure())
+                return;
         }
     }
-    gReportSends = true;
     RecordProperty("reported_arm_passes", passes[1]);
     RecordProperty("unreported_arm_passes", passes[0]);
     // A credit return now and then is a send with a completion: its arm verifies it.
@@ -144,10 +159,8 @@ TEST_P(QuietSignalTest, AnAnswerTheKernelTookWholeNeedsNoPass)
 // rest stayed in the provider, and nothing on the server side looked again.)
 TEST_P(QuietSignalTest, AnAnswerTheKernelCutShortIsStillPushed)
 {
-    if (GetParam().sameHost || GetParam().strict || GetParam().iwarp)
-        GTEST_SKIP() << "the default mode covers it (strict: no wait set; iwarp: no inject)";
-    if (!quietProvider())
-        GTEST_SKIP() << "the signal stays in the wait fd on this libfabric";
+    if (const char *why = notInjectedQuiet(GetParam()))
+        GTEST_SKIP() << why;
     auto [c, s] = pair(settings(), settings());
     ASSERT_TRUE(c && s);
     char buf[100];
@@ -185,6 +198,7 @@ TEST_P(QuietSignalTest, AWriteTheKernelTookWholeIsLeftToTheNextPass)
     std::vector<char> answer(1024, 'a'), in(answer.size());
     const int n = 10;
     int reaps[2] = {0, 0};
+    ReportedAtEnd reported;
     for (const bool report : {true, false}) {
         gReportSends = report;
         char b = 0;
@@ -202,7 +216,6 @@ TEST_P(QuietSignalTest, AWriteTheKernelTookWholeIsLeftToTheNextPass)
             ASSERT_EQ(c->recv(in.data(), in.size(), kWaitAll, 5000), ssize_t(in.size()));
         }
     }
-    gReportSends = true;
     RecordProperty("reported_send_passes", reaps[1]);
     RecordProperty("unreported_send_passes", reaps[0]);
     EXPECT_EQ(reaps[1], 0) << "sends the kernel took whole were reaped at once";
