@@ -257,14 +257,6 @@ inline ssize_t passedSend(ssize_t r, size_t len, int flags)
     return r;
 }
 
-inline size_t iovBytes(const iovec *iov, size_t n)
-{
-    size_t len = 0;
-    for (size_t i = 0; iov && i < n; i++)
-        len += iov[i].iov_len;
-    return len;
-}
-
 inline std::shared_ptr<HybridSocket> Shim::dataSocket(int fd, const void *ra)
 {
     auto s = engineSocket(fd, ra);
@@ -336,8 +328,7 @@ inline ssize_t Shim::sendmsg(const void *ra, int fd, const msghdr *msg, int flag
     auto s = dataSocket(fd, ra);
     if (!s) {
         const ssize_t r = real.sendmsg()(fd, msg, flags);
-        if (tProviderSends.on && msg)
-            noteProviderSend(r, iovBytes(msg->msg_iov, msg->msg_iovlen), flags);
+        noteProviderSendmsg(r, msg, flags);
         return r;
     }
     return sendmsgEngine(*s, msg, flags);

@@ -42,6 +42,17 @@ inline void noteProviderSend(ssize_t ret, size_t len, int flags)
         w.held = true;
 }
 
+// The same for a sendmsg: its bytes are its iovecs' (summed only while a post watches).
+inline void noteProviderSendmsg(ssize_t ret, const msghdr *msg, int flags)
+{
+    if (!tProviderSends.on || !msg)
+        return;
+    size_t len = 0;
+    for (size_t i = 0; i < msg->msg_iovlen; i++)
+        len += msg->msg_iov[i].iov_len;
+    noteProviderSend(ret, len, flags);
+}
+
 // Watches this thread's sends for as long as it lives (one post).
 class ProviderSendScope
 {

@@ -373,7 +373,7 @@ private:
     // The background work left is data that waits for the peer's credit, and nothing else.
     bool waitsForPeerLocked() const;
     // ... is learning that sends left the provider (injects; writes seen sent whole), no more.
-    bool onlyInjectsPendingLocked() const;
+    bool onlyLeftSendsPendingLocked() const;
     bool takePendingLocked(); // what the last look did not take; true: it changed something
     int rearmLocked(bool light = false); // an arm that takes what is pending until it holds
     bool reapAfterSendLocked(); // a send after a pause reaps its write's completion at once

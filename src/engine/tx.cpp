@@ -114,7 +114,7 @@ bool Connection::reapAfterSendLocked()
     // to its next call, which comes soon (reaping after each 64 KiB write cost a stream 30 %).
     // Writes whose sends the kernel was seen to take whole (provider_sends.h) are left to the
     // next call too: the progress thread waits as long for them as for injects
-    // (onlyInjectsPendingLocked()), and the server's next look, which takes the next request,
+    // (onlyLeftSendsPendingLocked()), and the server's next look, which takes the next request,
     // takes them with it (nginx: a pass a request less).
     const int64_t now = nowNs();
     const bool pause = now - lastSendNs_ >= kAppIdleNs;

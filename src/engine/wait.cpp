@@ -502,7 +502,7 @@ bool Connection::needsBackgroundLocked() const
            kaAckOwed_ || unmappedOwed_ || !windows_.recordsEmpty();
 }
 
-bool Connection::onlyInjectsPendingLocked() const
+bool Connection::onlyLeftSendsPendingLocked() const
 {
     // Injects, and writes whose sends the kernel took whole (their completions are queued for
     // the next pass), left the provider: nothing is held back that a pass would have to push.
@@ -538,7 +538,7 @@ int Connection::backgroundProgress(bool *closedDone, int64_t *recheckNs)
         watched_ = false;
         return kProgressDone;
     }
-    const int64_t idleNs = onlyInjectsPendingLocked() ? kInjectIdleNs : kAppIdleNs;
+    const int64_t idleNs = onlyLeftSendsPendingLocked() ? kInjectIdleNs : kAppIdleNs;
     const int64_t quietAtNs = appProgressNs_.load(std::memory_order_relaxed) + idleNs;
     if (nowNs() < quietAtNs && !closing_) {
         // Nothing to do before the application can have gone quiet. Looking every millisecond
