@@ -16,6 +16,7 @@
 
 #include "engine_fixture.h"
 #include "fabric.h"
+#include "proc.h"
 #include "provider_passes.h"
 #include "provider_sends_hook.h"
 
@@ -225,6 +226,55 @@ TEST_P(QuietSignalTest, AWriteTheKernelTookWholeIsLeftToTheNextPass)
     Connection::FlowState f;
     ASSERT_TRUE(s->flowState(&f));
     EXPECT_EQ(f.sendQueued, 0u) << "a write's ring space was not given back";
+}
+
+// A server that answers a request each millisecond or so, asleep in its receive between them.
+// Its answers are injects the kernel took whole: nothing stays pending once its next receive's
+// pass has run, and the progress thread has nothing to do. It used to keep the connection
+// watched for as long as the requests came, waking each millisecond to find the application
+// recent (sockperf's paced server: 380 wake-ups a second, a seventh of the server's CPU).
+TEST_P(QuietSignalTest, AServerAnsweringEachMillisecondLeavesTheProgressThreadAsleep)
+{
+    if (const char *why = notInjectedQuiet(GetParam()))
+        GTEST_SKIP() << why;
+    auto [c, s] = pair(settings(), settings());
+    ASSERT_TRUE(c && s);
+    const int n = 300;
+    std::atomic<int> answered{0};
+    Connection *srv = s.get(); // clang 14 cannot capture a structured binding
+    std::thread server([srv, &answered] {
+        char b = 0;
+        for (int i = 0; i < n + 1; i++) {
+            if (srv->recv(&b, 1, 0, 5000) != 1 || srv->send("a", 1, 0, 5000) != 1)
+                return;
+            answered++;
+        }
+    });
+    char b = 0;
+    auto round = [&] {
+        ASSERT_EQ(c->send("q", 1, 0, 5000), 1);
+        ASSERT_EQ(c->recv(&b, 1, 0, 5000), 1);
+    };
+    round(); // settle: the first exchange may be the thread's work
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const long before = rstest::threadSwitches("rstream-prog");
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n && !HasFatalFailure(); i++) {
+        round();
+        std::this_thread::sleep_for(std::chrono::microseconds(700));
+    }
+    const long switches = rstest::threadSwitches("rstream-prog") - before;
+    const long ms = long(
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count());
+    server.join();
+    ASSERT_EQ(answered.load(), n + 1);
+    ASSERT_GE(before, 0) << "no thread named rstream-prog";
+    RecordProperty("progress_thread_switches", int(switches));
+    RecordProperty("elapsed_ms", int(ms));
+    // 135-139 wake-ups in 250 ms before, 16-56 now (the passive rounds, the client's end).
+    EXPECT_LT(switches, ms / 3) << "the progress thread woke " << switches << " times in " << ms
+                                << " ms (" << n << " requests)";
 }
 
 // A writer fills both sockets (its rings are bigger than what the kernel buffers between
