@@ -47,7 +47,17 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
         {
             std::lock_guard<std::mutex> lock(mutex_);
             // Data already reaped is returned without another CQ poll; the next call polls.
-            if (readableLocked() == 0) {
+            // A blocking read of a connection left armed (quiet_signal.cpp: read dry, then only
+            // sends the kernel took whole) whose spin has learnt to sleep at once: the sleep on
+            // the wait fd looks, not a pass that finds nothing first (a paced server's every
+            // request). What came meanwhile made the fd readable and ends the sleep at once.
+            const bool sleepLooks = !(flags & kNonBlock) && timeoutMs != 0 &&
+                                    armed_.load(std::memory_order_relaxed) && quietSignal_ &&
+                                    !unverified_ && cqTaken_ && quietLocked() &&
+                                    (settings_.pollUs == 0 || spin_.currentNs() == 0);
+            if (readableLocked() == 0 && sleepLooks) {
+                progressed = true;
+            } else if (readableLocked() == 0) {
                 progressLocked();
                 progressed = true;
                 // Nothing came: armed without a pass of its own (quiet_signal.cpp), so that a
