@@ -515,8 +515,8 @@ private:
     bool changed_ = false;              // progress changed what waiters may be waiting for
     uint32_t eqSkips_ = 0;              // progress calls since the EQ was last read while connected
     bool cqDrained_ = false;            // the last read found the CQ empty (armLocked())
-    // quiet_signal.cpp: signal out of the wait fd; CQ emptied; a send posted since the last pass.
-    bool quietSignal_ = false, cqTaken_ = false, unverified_ = false;
+    // Signal out of the wait fd; CQ emptied; a send since the last pass; a recv read dry, armed.
+    bool quietSignal_ = false, cqTaken_ = false, unverified_ = false, dryRead_ = false;
     uint64_t closeAllowance_ = 0; // allowAfterClose()
     bool eqDue_ = false;          // the CQ reported an error since the EQ was last found empty
     sockaddr_storage bindAddr_{};

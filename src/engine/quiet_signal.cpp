@@ -108,6 +108,13 @@ void Connection::noteTxPostedLocked(bool sentWhole)
         untakenNext_ = txOps_.next();
     if (!quietSignal_)
         return;
+    // A write the kernel took whole has its completion queued, which the next pass takes:
+    // nothing for a reader, and the fd can stay armed (a client that sends, reads EAGAIN and
+    // polls made a pass for it in the read or the poll). Only a writer short of room waits for
+    // it: while a third of the ring is free (POLLOUT) none is; sendv() and waitFor() see to
+    // the rest.
+    if (sentWhole && tx_.freeSpace() * 3 >= tx_.size)
+        return;
     // Until the next progress pass the fd may miss this send's end: a completion queued now, or
     // the POLLOUT of a send the provider could not finish. Disarmed, it is no hint to pollers,
     // and a parked one is marked: each arms again, with that pass, before it sleeps.

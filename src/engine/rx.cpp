@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <sys/mman.h>
+#include <utility>
 
 #include <rdma/fi_cm.h>
 
@@ -55,7 +56,13 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
                                     armed_.load(std::memory_order_relaxed) && quietSignal_ &&
                                     !unverified_ && cqTaken_ && quietLocked() &&
                                     (settings_.pollUs == 0 || spin_.currentNs() == 0);
-            if (readableLocked() == 0 && sleepLooks) {
+            // A nonblocking read right after one that read the ring dry and left it armed (a
+            // reader that reads until EAGAIN, as memcslap's clients): EAGAIN without a pass.
+            // The pass that brought the last bytes is microseconds old, and what comes after it
+            // makes the armed fd readable for the poll that follows; the next such read passes.
+            const bool dryAgain = std::exchange(dryRead_, false) && (flags & kNonBlock) &&
+                                  armed_.load(std::memory_order_relaxed) && quietLocked();
+            if (readableLocked() == 0 && (sleepLooks || dryAgain)) {
                 progressed = true;
             } else if (readableLocked() == 0) {
                 progressLocked();
@@ -115,6 +122,7 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
             // Read dry since the last pass: armed without one (quiet_signal.cpp).
             if (readableLocked() == 0)
                 lightArmLocked();
+            dryRead_ = readableLocked() == 0 && armed_.load(std::memory_order_relaxed);
             watch();
         }
         copied += n;

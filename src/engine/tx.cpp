@@ -86,6 +86,12 @@ ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs
             std::lock_guard<std::mutex> lock(mutex_);
             tx_.tail += n;
             flushLocked(false);
+            // Less than a third free (no POLLOUT) with writes left armed: a poller waiting for
+            // room must make the pass that takes their completions (noteTxPostedLocked()).
+            if (quietSignal_ && !unverified_ && !txOps_.empty() && tx_.freeSpace() * 3 < tx_.size) {
+                unverified_ = true;
+                disarmLocked();
+            }
             // Held back to coalesce behind writes in flight: reap their completions now, as
             // the application may not call again soon.
             if (tx_.unsent() > 0 && !corkHeld_)
