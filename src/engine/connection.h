@@ -498,8 +498,8 @@ private:
     bool more_ = false;       // the last send had kMore
     bool corkHeld_ = false;   // the last flush left partial data for the cork
     int64_t corkSinceNs_ = 0; // when corked data began to wait (0: none)
-    int64_t connectDeadlineNs_ = 0;
-    int64_t connectStartNs_ = 0;
+    int64_t connectDeadlineNs_ = 0, connectStartNs_ = 0;
+    int64_t dryReadNs_ = 0; // recvv(): when a read last left the ring dry, armed (0: not since)
     uint32_t rttUs_ = 0;
     int64_t closeDeadlineNs_ = 0;
     bool watched_ = false;      // registered with the progress thread
@@ -515,8 +515,8 @@ private:
     bool changed_ = false;              // progress changed what waiters may be waiting for
     uint32_t eqSkips_ = 0;              // progress calls since the EQ was last read while connected
     bool cqDrained_ = false;            // the last read found the CQ empty (armLocked())
-    // Signal out of the wait fd; CQ emptied; a send since the last pass; a recv read dry, armed.
-    bool quietSignal_ = false, cqTaken_ = false, unverified_ = false, dryRead_ = false;
+    // quiet_signal.cpp: signal out of the wait fd; CQ emptied; a send posted since the last pass.
+    bool quietSignal_ = false, cqTaken_ = false, unverified_ = false;
     uint64_t closeAllowance_ = 0; // allowAfterClose()
     bool eqDue_ = false;          // the CQ reported an error since the EQ was last found empty
     sockaddr_storage bindAddr_{};

@@ -106,5 +106,8 @@ constexpr int64_t kLookProgressNs = 50000;
 // a wake-up, and a client whose requests are injected went quiet after every one of them for
 // longer than kAppIdleNs whenever its server took that long to answer.
 constexpr int64_t kInjectIdleNs = 20000000;
+// A nonblocking read this soon after the one that read the ring dry answers EAGAIN without a
+// pass (rx.cpp): a client's send and its read right after it, not a reader that comes back later.
+constexpr int64_t kDryReadNs = 500000;
 
 } // namespace rstream

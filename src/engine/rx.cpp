@@ -56,12 +56,15 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
                                     armed_.load(std::memory_order_relaxed) && quietSignal_ &&
                                     !unverified_ && cqTaken_ && quietLocked() &&
                                     (settings_.pollUs == 0 || spin_.currentNs() == 0);
-            // A nonblocking read right after one that read the ring dry and left it armed (a
-            // reader that reads until EAGAIN, as memcslap's clients): EAGAIN without a pass.
-            // The pass that brought the last bytes is microseconds old, and what comes after it
-            // makes the armed fd readable for the poll that follows; the next such read passes.
-            const bool dryAgain = std::exchange(dryRead_, false) && (flags & kNonBlock) &&
-                                  armed_.load(std::memory_order_relaxed) && quietLocked();
+            // A nonblocking read soon after one that read the ring dry and left it armed (a
+            // client that sends, reads until EAGAIN and polls, as memcslap's): EAGAIN without a
+            // pass. The pass that brought the last bytes is at most kDryReadNs old, and what
+            // came after it makes the armed fd readable for the poll that follows. Once: a
+            // reader that reads on without polling gets the pass at its next read.
+            const int64_t dryNs = std::exchange(dryReadNs_, 0);
+            const bool dryAgain = dryNs && (flags & kNonBlock) &&
+                                  armed_.load(std::memory_order_relaxed) && quietLocked() &&
+                                  nowNs() - dryNs < kDryReadNs;
             if (readableLocked() == 0 && (sleepLooks || dryAgain)) {
                 progressed = true;
             } else if (readableLocked() == 0) {
@@ -122,7 +125,8 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
             // Read dry since the last pass: armed without one (quiet_signal.cpp).
             if (readableLocked() == 0)
                 lightArmLocked();
-            dryRead_ = readableLocked() == 0 && armed_.load(std::memory_order_relaxed);
+            dryReadNs_ =
+                readableLocked() == 0 && armed_.load(std::memory_order_relaxed) ? nowNs() : 0;
             watch();
         }
         copied += n;

@@ -372,6 +372,30 @@ TEST_P(QuietSignalTest, AClientThatReadsUntilEagainAndPollsMakesOnePassARequest)
     EXPECT_LE(passes, n + n / 5) << "the client made more than a pass a request";
 }
 
+// The EAGAIN without a pass is only for a read soon after the one that read the ring dry: a
+// reader that comes back later (a loop that reads once a frame, without polling) gets what
+// arrived meanwhile at once, as from a kernel socket.
+TEST_P(QuietSignalTest, AReadLongAfterTheLastOneGetsWhatArrivedMeanwhile)
+{
+    if (const char *why = notInjectedQuiet(GetParam()))
+        GTEST_SKIP() << why;
+    auto [c, s] = pair(settings(), settings());
+    ASSERT_TRUE(c && s);
+    char b = 0;
+    for (int i = 0; i < 10; i++) {
+        SCOPED_TRACE(i);
+        ASSERT_EQ(s->send("a", 1, 0, 5000), 1);
+        ASSERT_TRUE(readable(*c, 1));
+        ASSERT_EQ(c->recv(&b, 1, kNonBlock, 0), 1); // reads the ring dry: armed
+        ASSERT_EQ(s->send("b", 1, 0, 5000), 1);
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        EXPECT_EQ(c->recv(&b, 1, kNonBlock, 0), 1) << "EAGAIN 5 ms after the byte was sent";
+        if (b != 'b') {
+            ASSERT_EQ(c->recv(&b, 1, 0, 5000), 1); // the EAGAIN above: take the byte
+        }
+    }
+}
+
 // The other side of leaving such writes armed: once less than a third of the ring is free
 // (no POLLOUT), a poller may sleep for room, which only their completions bring and no signal
 // announces. So the write that leaves the ring that short disarms the fd, and the poller's arm
