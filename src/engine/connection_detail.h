@@ -109,5 +109,8 @@ constexpr int64_t kInjectIdleNs = 20000000;
 // A nonblocking read this soon after the one that read the ring dry answers EAGAIN without a
 // pass (rx.cpp): a client's send and its read right after it, not a reader that comes back later.
 constexpr int64_t kDryReadNs = 500000;
+// The progress thread's passive round leaves alone a connection whose application made
+// progress on it this recently (keepalive.cpp).
+constexpr int64_t kPassiveAppNs = 10000000;
 
 } // namespace rstream

@@ -129,6 +129,11 @@ bool Connection::passiveProgress(bool *watch)
         passive_ = false;
         return false;
     }
+    // The application made progress on it a moment ago: its own calls, or its sleep on the wait
+    // fd, take what arrives. A pass here took it from under them (nginx with 50 clients: 3,000
+    // passes a second of this thread's, a tenth of a system call a request).
+    if (nowNs() - appProgressNs_.load(std::memory_order_relaxed) < kPassiveAppNs)
+        return true;
     // One read takes kMaxBatches of the CQ. What arrived while nobody looked (a peer filling the
     // ring while the application reads elsewhere) is taken in this wake-up, not a batch every
     // kPassiveIntervalNs; bounded, so a peer that never stops sending waits for the next round.
