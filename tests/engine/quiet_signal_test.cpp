@@ -251,9 +251,10 @@ TEST_P(QuietSignalTest, AServerAnsweringEachMillisecondLeavesTheProgressThreadAs
         }
     });
     char b = 0;
-    auto round = [&] {
-        ASSERT_EQ(c->send("q", 1, 0, 5000), 1);
-        ASSERT_EQ(c->recv(&b, 1, 0, 5000), 1);
+    Connection *cli = c.get();
+    auto round = [cli, &b] {
+        ASSERT_EQ(cli->send("q", 1, 0, 5000), 1);
+        ASSERT_EQ(cli->recv(&b, 1, 0, 5000), 1);
     };
     round(); // settle: the first exchange may be the thread's work
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
