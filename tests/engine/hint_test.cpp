@@ -118,15 +118,21 @@ TEST_P(HintTest, SlowAnswersToInjectedRequestsCostNoKeepalive)
     ASSERT_TRUE(c && s);
     char b[16] = {};
     constexpr int kRequests = 30;
+    unsigned stalls = 0;
     for (int i = 0; i < kRequests; i++) {
+        const auto t0 = std::chrono::steady_clock::now();
         ASSERT_EQ(c->send(b, sizeof(b)), ssize_t(sizeof(b)));
         ASSERT_EQ(s->recv(b, sizeof(b), kWaitAll, 5000), ssize_t(sizeof(b)));
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
         ASSERT_EQ(s->send(b, sizeof(b)), ssize_t(sizeof(b)));
         ASSERT_EQ(c->recv(b, sizeof(b), kWaitAll, 5000), ssize_t(sizeof(b)));
+        // A round the machine stretched to 15 ms (it takes about 5) may leave an end quiet for
+        // the 20 ms after which the KEEPALIVE is due, rightly (the tests beside it on 2 CPUs).
+        stalls += std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(15);
     }
-    // A stall of this machine's may still let one through; one per request was the old cost.
-    EXPECT_LE(c->keepalivesReceived() + s->keepalivesReceived(), 3u);
+    RecordProperty("stalled_rounds", int(stalls));
+    // One per request was the old cost.
+    EXPECT_LE(c->keepalivesReceived() + s->keepalivesReceived(), 3u + 2 * stalls);
 }
 
 int64_t threadCpuNs()
