@@ -113,7 +113,7 @@ void Connection::noteTxPostedLocked(bool sentWhole)
     // polls made a pass for it in the read or the poll). Only a writer short of room waits for
     // it: while a third of the ring is free (POLLOUT) none is; sendv() and waitFor() see to
     // the rest.
-    if (sentWhole && tx_.freeSpace() * 3 >= tx_.size)
+    if (sentWhole && !tx_.shortOfRoom())
         return;
     // Until the next progress pass the fd may miss this send's end: a completion queued now, or
     // the POLLOUT of a send the provider could not finish. Disarmed, it is no hint to pollers,

@@ -29,6 +29,8 @@ struct SendRing : Ring
     uint64_t freeSpace() const { return size - (tail - done); }
     uint64_t unsent() const { return tail - posted; }
     uint64_t inFlight() const { return posted - done; }
+    // Less than a third free: a poller asked for POLLOUT waits (socket_io.cpp's criterion).
+    bool shortOfRoom() const { return freeSpace() * 3 < size; }
     // Contiguous free bytes at tail (the first of at most two spans).
     uint64_t appendSpan() const { return std::min(freeSpace(), toEnd(tail)); }
 };

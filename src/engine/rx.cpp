@@ -66,7 +66,7 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
                                   armed_.load(std::memory_order_relaxed) && quietLocked() &&
                                   nowNs() - dryNs < kDryReadNs;
             if (readableLocked() == 0 && (sleepLooks || dryAgain)) {
-                progressed = true;
+                progressed = true; // the sleep looks, or the EAGAIN needs none
             } else if (readableLocked() == 0) {
                 progressLocked();
                 progressed = true;

@@ -88,7 +88,7 @@ ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs
             flushLocked(false);
             // Less than a third free (no POLLOUT) with writes left armed: a poller waiting for
             // room must make the pass that takes their completions (noteTxPostedLocked()).
-            if (quietSignal_ && !unverified_ && !txOps_.empty() && tx_.freeSpace() * 3 < tx_.size) {
+            if (quietSignal_ && !unverified_ && !txOps_.empty() && tx_.shortOfRoom()) {
                 unverified_ = true;
                 disarmLocked();
             }

@@ -116,7 +116,8 @@ int Connection::waitFor(int events, int64_t deadlineNs, bool progressed)
             continue;
         // Writes the kernel took whole may have left the fd armed with their completions
         // queued, which a wait for room or for the drain needs taken before it sleeps.
-        if ((events & (kWritable | kSendDrained | kWindowWritable)) && !txOps_.empty())
+        if (quietSignal_ && (events & (kWritable | kSendDrained | kWindowWritable)) &&
+            !txOps_.empty())
             unverified_ = true;
         if (armLocked(true) == -EAGAIN) {
             processEqLocked();
