@@ -39,4 +39,21 @@ private:
     static inline thread_local uint64_t tBefore = 0;  // previous()
 };
 
+// A poll or select without a timeout: it never sleeps, so its looks are all that a program
+// polling in a loop makes, and a same-host look reads the link's pipe now and then (a peer that
+// went shows only there; a poller that sleeps sees it in its sleep, epoll in its parked members).
+class LooksWithoutSleep
+{
+public:
+    explicit LooksWithoutSleep(bool on) : saved_(tOn) { tOn = on; }
+    ~LooksWithoutSleep() { tOn = saved_; }
+    LooksWithoutSleep(const LooksWithoutSleep &) = delete;
+    LooksWithoutSleep &operator=(const LooksWithoutSleep &) = delete;
+    static bool on() { return tOn; }
+
+private:
+    bool saved_;
+    static inline thread_local bool tOn = false;
+};
+
 } // namespace rstream

@@ -151,12 +151,18 @@ void Connection::progressLocked(bool app)
     // provider a progress pass (a system call) of its own: the application's calls look at it
     // on every kEqInterval-th call only (waitFor() reads it before sleeping, and fi_trywait()
     // covers it). The progress thread always does: it may have taken the wait fd's signal that
-    // the endpoint went away, and then nobody else would look (a poller slept on).
-    if (state_ != State::Connected || !app || ++eqSkips_ >= kEqInterval) {
+    // the endpoint went away, and then nobody else would look (a poller slept on). Where the
+    // endpoint going away flushes the posted receives with errors first (tcp up to 1.17, as
+    // the light arm relies on), the CQ's error says when: the EQ is read right after it, and
+    // not every kEqInterval-th call (one pass in 16 of a busy server's was that read).
+    const bool eqFollowsCq = domain_->caps().levelWait && rxCount_ > 0;
+    if (state_ != State::Connected || !app || (!eqFollowsCq && ++eqSkips_ >= kEqInterval)) {
         eqSkips_ = 0;
         processEqLocked();
     }
     processCqLocked();
+    if (eqDue_ && state_ == State::Connected && app && eqFollowsCq)
+        processEqLocked();
     if (state_ == State::Connected && !error_) {
         flushLocked(false);
         sendCreditsLocked();

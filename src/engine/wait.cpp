@@ -404,6 +404,10 @@ void Connection::peek(ssize_t *recv, ssize_t *send, uint64_t *ring)
         if (state_ == State::Accepting)
             progressLocked();
         shPeekLocked(recv, send);
+        // A program that polls without ever sleeping learns of a peer that went as its reads
+        // do: the wake-up pipe is read once a millisecond.
+        if (*recv == -EAGAIN && LooksWithoutSleep::on() && shNoticeLocked(*recv) != -EAGAIN)
+            shPeekLocked(recv, send);
         tLook = WatchLook{this, watchSeq_.load()};
         return;
     }

@@ -2,6 +2,7 @@
 // poll and select over engine sockets and kernel fds: spin, then sleep on wait fds.
 
 #include "poller.h"
+#include "hint_pass.h"
 #include "poller_internal.h"
 #include "signals_held.h"
 
@@ -155,6 +156,7 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
         return -EFAULT;
     ScratchLease lease(&PollScratch::pollBusy);
     PollScratch &sc = *lease;
+    const LooksWithoutSleep noSleep(timeoutMs == 0);
     auto &socks = sc.socks;
     auto &interest = sc.interest;
     auto &kfds = sc.kfds;

@@ -395,6 +395,52 @@ TEST_P(PeerDeath, BlockedInEdgeTriggeredEpollAfterTraffic)
     blockedWhenThePeerDies(Blocked::EpollAfterTraffic);
 }
 
+// A program that reads without blocking, or polls without a timeout, learns of the peer's death
+// at its first call after it, as kernel TCP's reports the end at once. Over the fabric the
+// endpoint going away was read from the EQ only at every 16th look of a busy program; a
+// same-host poller that never slept never learnt (its looks read shared memory only).
+TEST_P(PeerDeath, ANonblockingReaderLearnsAtItsNextCall)
+{
+    for (const bool polls : {false, true}) {
+        SCOPED_TRACE(polls ? "poll" : "recv");
+        int fd = acceptPeer();
+        ASSERT_GE(fd, 0);
+        ASSERT_EQ(b->fcntl(fd, F_SETFL, O_NONBLOCK), 0);
+        char c;
+        auto look = [&](int *err) -> long {
+            errno = 0;
+            long r;
+            if (polls) {
+                pollfd p{fd, POLLIN, 0};
+                r = b->poll(&p, 1, 0) == 1 ? p.revents : 0;
+            } else {
+                r = b->recv(fd, &c, 1, 0);
+            }
+            *err = errno;
+            return r;
+        };
+        int err = 0;
+        // Calls that find nothing: 5, so that the death comes at neither the EQ's turn nor
+        // the one after it.
+        for (int i = 0; i < 5; i++)
+            ASSERT_EQ(look(&err), polls ? 0 : -1) << strerror(err);
+        killPeer();
+        // Past the time a read that went dry is trusted without a look (0.5 ms), and the
+        // same-host link's bound between two reads of its pipe (1 ms); short against the
+        // progress thread's round over quiet connections (100 ms), which would notice too.
+        std::this_thread::sleep_for(std::chrono::milliseconds(3));
+        const long r = look(&err);
+        if (polls)
+            EXPECT_TRUE(r & (POLLIN | POLLHUP | POLLERR))
+                << "the first poll after the death: " << r;
+        else
+            EXPECT_TRUE(r == 0 || (r == -1 && err == ECONNRESET))
+                << "the first read after the death: " << r << " " << strerror(err);
+        closeFd(fd);
+    }
+    expectNewPairWorks();
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, PeerDeath, ::testing::ValuesIn(kBackends), paramName);
 
 } // namespace
