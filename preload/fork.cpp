@@ -41,6 +41,7 @@ void inChild()
         // report EIO and never tear the parent's connections down. Kernel connections still
         // to be upgraded come along: the child upgrades them at its first I/O, on an engine of
         // its own (the engine and the upgrade listeners start over in the child).
+        HybridSocket::noteFork();
         shim().forEachSocket([](HybridSocket &s) { s.markInherited(); });
         UpgradeListener::forgetAfterFork();
     } catch (...) {
@@ -68,6 +69,7 @@ void inParent()
         // A listener now shared with a child (prefork and fork-per-connection servers) defers
         // its fabric connection requests: the peers connect over kernel TCP and upgrade in
         // whichever process serves the connection.
+        HybridSocket::noteFork();
         shim().forEachSocket([](HybridSocket &s) { s.onForkParent(); });
     } catch (...) {
         noteInternalError();

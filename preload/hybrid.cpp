@@ -232,8 +232,11 @@ ssize_t HybridSocket::io(bool out, const iovec *iov, int iovcnt, int flags)
         if (ssize_t r;
             out && upgrade_.load() == Upgrade::Offer && offerWithWrite(iov, iovcnt, flags, &r))
             return r;
-        if (int r = upgradeStep(out, flags); r < 0)
+        ssize_t got = 0;
+        if (int r = upgradeStep(out, flags, iov, iovcnt, &got); r < 0)
             return r;
+        if (got > 0)
+            return got; // the program's bytes, read with an upgrade message before them
         if (late())
             return lateIo(out, iov, iovcnt, flags);
         std::tie(s, m) = snapshot();

@@ -19,6 +19,7 @@
 #include "shimconfig.h"
 #include "shimstats.h"
 #include "socket.h"
+#include "upgrade_wire.h"
 
 namespace rstream::shim {
 
@@ -109,7 +110,12 @@ public:
     // For the poller: a look that moves the upgrade on (never blocks: it only tries the
     // upgrade's lock); readiness then comes from the kernel fd or latePollEvents. A server
     // polled for reading answers an offer that arrived, so that readiness means data.
-    void upgradeProgress(int events);
+    // leave: the program waits to read; a message found whole with bytes after it is left at
+    // the head of the stream for its read (true then: the fd's POLLIN is the program's bytes).
+    bool upgradeProgress(int events, bool leave = false);
+    // After a fork either process may read an inherited connection: what a look left is not
+    // known any more.
+    static void noteFork() { forkEpoch_.fetch_add(1, std::memory_order_relaxed); }
     void upgradeAddWaiter(int eventFd, std::vector<std::shared_ptr<Connection>> *registered);
     // For exec: the upgrade state worth carrying into the new program ('s': a server socket that
     // has not seen its peer's first bytes, 'c': a client that has not sent its HELLO), or 0.
@@ -241,7 +247,11 @@ private:
     // Runs the upgrade as far as it goes before an I/O: 0 to go on (with whatever mode it
     // left), or -errno for the caller (-EAGAIN, -EINTR, ...). Only a blocking read waits (for
     // the peer's first bytes, as the kernel would), and never under the upgrade's lock.
-    int upgradeStep(bool out, int flags);
+    // A read passes its buffers (iov, got): an upgrade message it takes comes off the kernel
+    // connection with the bytes after it, in one recvmsg, and *got is how many of those it
+    // read (0: none; the caller reads on as before).
+    int upgradeStep(bool out, int flags, const iovec *iov = nullptr, int iovcnt = 0,
+                    ssize_t *got = nullptr);
     // Client: the HELLO goes out with the program's first write, in one segment with its
     // bytes, or alone once the program waits to read (a server that speaks first, or hands the
     // connection on across fork or exec, finds it waiting), then Answer.
@@ -267,14 +277,39 @@ private:
     // (lateWriteMutex_ held); lateIo's answer.
     ssize_t writeOwedAcceptLocked(const iovec *iov, int iovcnt, int flags);
     // Client, Answer: reads the server's answer at the head of its bytes (-EAGAIN: not here).
-    int clientAnswerLocked();
+    int clientAnswerLocked(bool leave = false);
     // Server, Maybe: the client's first bytes (-EAGAIN for a read: not here yet).
-    int serverUpgradeLocked(bool out);
+    int serverUpgradeLocked(bool out, bool leave = false);
+    // The peer's upgrade message at the head of the kernel stream: the one a look left there
+    // (head_, then forgotten), else peeked at; > 0 with *msg, *size and *after (bytes follow
+    // it) set, or as peekKernel (*match: whether and how much of a message it is).
+    ssize_t headMessageLocked(wire::UpgradeMessage *msg, size_t *size, wire::UpgradeMatch *match,
+                              bool *after);
+    // Leaves a message a look found whole, with bytes after it, for the read (upgradeMutex_).
+    void leaveHeadLocked(const wire::UpgradeMessage &msg, size_t size);
     void serveUpgradeLocked();
     // Reads the first bytes of the kernel stream without taking them: > 0, 0 at EOF, -errno.
     ssize_t peekKernel(void *buf, size_t len, bool wait);
     // Takes len bytes that a peek showed.
     void consumeKernel(size_t len);
+    // Takes an upgrade message of size bytes that a peek showed: with the bytes after it into
+    // the buffers of the read in this step (fuse_), else alone. A connection's first read was
+    // a peek, a read of the message and a read of the program's bytes.
+    void takeMessageLocked(size_t size);
+    struct HeadMessage
+    {
+        wire::UpgradeMessage msg;
+        size_t size = 0; // 0: none left
+        uint32_t epoch = 0;
+    } head_;
+    static inline std::atomic<uint32_t> forkEpoch_{0};
+    static constexpr int kFuseMaxIov = 16; // a read of more buffers reads apart
+    struct FusedRead
+    {
+        const iovec *iov = nullptr; // the read's buffers, for this step only (upgradeMutex_)
+        int iovcnt = 0;
+        ssize_t got = 0; // the program's bytes taken with the message
+    } fuse_;
     bool sendUpgradeMessage(int type, uint16_t port = 0, uint64_t token = 0);
     // The upgrade is over: the connection stays on kernel TCP, counted as a fallback for why.
     void stayKernelLocked(Fallback why, const char *detail);

@@ -109,11 +109,19 @@ void HybridSocket::adoptInherited(char state)
     }
 }
 
-int HybridSocket::upgradeStep(bool out, int flags)
+int HybridSocket::upgradeStep(bool out, int flags, const iovec *iov, int iovcnt, ssize_t *got)
 {
+    // Only a plain nonblocking read takes the program's bytes with a message: not a peek, nor
+    // one that waits (for all of them, or for SO_RCVLOWAT's, which an accepted socket may have
+    // from its listener): what a nonblocking read returns is whatever is there.
+    const bool fuse = got && !out && !upgradeBlocking(flags) && iovcnt > 0 &&
+                      iovcnt <= kFuseMaxIov && (flags & ~(MSG_DONTWAIT | MSG_NOSIGNAL)) == 0 &&
+                      std::any_of(iov, iov + iovcnt, [](const iovec &v) { return v.iov_len > 0; });
     for (;;) {
         std::unique_lock<std::mutex> lock(upgradeMutex_);
         int r = 0;
+        if (fuse)
+            fuse_ = FusedRead{iov, iovcnt, 0};
         switch (upgrade_.load()) {
         case Upgrade::Offer:
             sendOfferLocked(); // the HELLO goes before the first byte of ours
@@ -131,8 +139,19 @@ int HybridSocket::upgradeStep(bool out, int flags)
             if (!out)
                 r = a;
         }
+        ssize_t n = 0;
+        if (fuse) {
+            n = std::exchange(fuse_, FusedRead{}).got;
+            // Read after the message, as the late reads count them (from the message on).
+            if (n > 0 && isLate(upgrade_.load()))
+                lateRead_ += static_cast<uint64_t>(n);
+        }
         if (late())
             lateStepLocked();
+        if (n > 0) {
+            *got = n;
+            return 0;
+        }
         if (r != -EAGAIN || !upgradeBlocking(flags))
             return r;
         // A blocking read waits for the peer's first bytes as the kernel would (SO_RCVTIMEO,
@@ -154,6 +173,55 @@ ssize_t HybridSocket::peekKernel(void *buf, size_t len, bool wait)
     // A blocking peek sleeps in the kernel as the application's recv would (SO_RCVTIMEO,
     // signals): the fd is blocking exactly when the application's socket is.
     return sys::recvmsg(fd_, &mh, MSG_PEEK | (wait ? 0 : MSG_DONTWAIT));
+}
+
+ssize_t HybridSocket::headMessageLocked(wire::UpgradeMessage *msg, size_t *size,
+                                        wire::UpgradeMatch *match, bool *after)
+{
+    const HeadMessage head = std::exchange(head_, HeadMessage{});
+    if (head.size && head.epoch == forkEpoch_.load(std::memory_order_relaxed)) {
+        *msg = head.msg;
+        *size = head.size;
+        *match = wire::UpgradeMatch::Complete;
+        *after = true;
+        return static_cast<ssize_t>(head.size) + 1;
+    }
+    // Room for any upgrade message and a byte past it: whether data follows it is known.
+    uint8_t buf[wire::kUpgradeMaxSize + 1];
+    const ssize_t r = peekKernel(buf, sizeof(buf), false);
+    *match = r <= 0 ? wire::UpgradeMatch::No
+                    : wire::matchUpgrade(buf, static_cast<size_t>(r), msg, size);
+    *after = *match == wire::UpgradeMatch::Complete && static_cast<size_t>(r) > *size;
+    return r;
+}
+
+void HybridSocket::leaveHeadLocked(const wire::UpgradeMessage &msg, size_t size)
+{
+    head_ = HeadMessage{msg, size, forkEpoch_.load(std::memory_order_relaxed)};
+}
+
+void HybridSocket::takeMessageLocked(size_t size)
+{
+    if (!fuse_.iov || size > wire::kUpgradeMaxSize) {
+        consumeKernel(size);
+        return;
+    }
+    kernelLook_.store(0, std::memory_order_relaxed); // the pass's look saw these bytes
+    uint8_t msg[wire::kUpgradeMaxSize];
+    iovec v[kFuseMaxIov + 1];
+    v[0] = {msg, size};
+    std::copy(fuse_.iov, fuse_.iov + fuse_.iovcnt, v + 1);
+    msghdr mh{};
+    mh.msg_iov = v;
+    mh.msg_iovlen = static_cast<size_t>(fuse_.iovcnt) + 1;
+    // A peek showed the message whole, and no other read runs in this step: it comes whole.
+    const ssize_t n = sys::recvmsg(fd_, &mh, MSG_DONTWAIT);
+    if (n < static_cast<ssize_t>(size)) {
+        if (n >= 0)
+            consumeKernel(size - static_cast<size_t>(n));
+        return;
+    }
+    fuse_.got = n - static_cast<ssize_t>(size);
 }
 
 void HybridSocket::consumeKernel(size_t len)

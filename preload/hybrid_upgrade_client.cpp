@@ -17,12 +17,15 @@
 
 namespace rstream::shim {
 
-int HybridSocket::clientAnswerLocked()
+int HybridSocket::clientAnswerLocked(bool leave)
 {
     if (upgrade_.load() != Upgrade::Answer)
         return 0;
-    uint8_t buf[wire::kUpgradeMaxSize + 1]; // and whether data follows (dataAfterMsg_)
-    const ssize_t r = peekKernel(buf, sizeof(buf), false);
+    wire::UpgradeMessage msg;
+    size_t size = 0;
+    auto match = wire::UpgradeMatch::No;
+    bool after = false; // data follows (dataAfterMsg_)
+    const ssize_t r = headMessageLocked(&msg, &size, &match, &after);
     // Nothing yet (EAGAIN), or the read's own error: never a read past an answer not looked at.
     if (r < 0)
         return static_cast<int>(r);
@@ -31,9 +34,6 @@ int HybridSocket::clientAnswerLocked()
         stayKernelLocked(Fallback::NotUpgraded, "the connection ended first");
         return 0;
     }
-    wire::UpgradeMessage msg;
-    size_t size = 0;
-    const auto match = wire::matchUpgrade(buf, static_cast<size_t>(r), &msg, &size);
     if (match == wire::UpgradeMatch::No) {
         upgrade_.store(Upgrade::None, std::memory_order_release);
         stayKernelLocked(Fallback::NotUpgraded, "the server wrote first");
@@ -41,8 +41,12 @@ int HybridSocket::clientAnswerLocked()
     }
     if (match == wire::UpgradeMatch::Partial)
         return -EAGAIN; // the rest of it is on its way
-    consumeKernel(size);
-    dataAfterMsg_ = static_cast<size_t>(r) > size;
+    if (leave && after) {
+        leaveHeadLocked(msg, size);
+        return 0;
+    }
+    takeMessageLocked(size);
+    dataAfterMsg_ = after;
     if (msg.type != wire::UpgradeType::Accept) {
         upgrade_.store(Upgrade::None, std::memory_order_release);
         stayKernelLocked(Fallback::NotUpgraded, "the server declined");

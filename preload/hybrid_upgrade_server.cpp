@@ -18,14 +18,16 @@
 
 namespace rstream::shim {
 
-int HybridSocket::serverUpgradeLocked(bool out)
+int HybridSocket::serverUpgradeLocked(bool out, bool leave)
 {
     if (upgrade_.load() != Upgrade::Maybe)
         return 0;
-    // Room for any upgrade message and a byte past it: another message than a HELLO is the
-    // program's bytes (never waited for as partial), and whether data follows the HELLO is known.
-    uint8_t buf[wire::kUpgradeMaxSize + 1];
-    const ssize_t r = peekKernel(buf, sizeof(buf), false);
+    // Another message than a HELLO is the program's bytes (never waited for as partial).
+    wire::UpgradeMessage msg;
+    size_t size = 0;
+    auto match = wire::UpgradeMatch::No;
+    bool after = false;
+    const ssize_t r = headMessageLocked(&msg, &size, &match, &after);
     if (r < 0) {
         if (out) {
             serverWrote_ = true; // no HELLO yet: we speak first, so we cannot answer one
@@ -33,10 +35,6 @@ int HybridSocket::serverUpgradeLocked(bool out)
         }
         return static_cast<int>(r); // nothing yet (EAGAIN), or the read's own error
     }
-    wire::UpgradeMessage msg;
-    size_t size = 0;
-    const auto match = r == 0 ? wire::UpgradeMatch::No
-                              : wire::matchUpgrade(buf, static_cast<size_t>(r), &msg, &size);
     if (match == wire::UpgradeMatch::Partial) {
         if (out) {
             serverWrote_ = true;
@@ -49,8 +47,12 @@ int HybridSocket::serverUpgradeLocked(bool out)
         stayKernelLocked(Fallback::KernelPeer, "no upgrade offered");
         return 0;
     }
-    consumeKernel(size);
-    dataAfterMsg_ = static_cast<size_t>(r) > size;
+    if (leave && after && !serverWrote_) {
+        leaveHeadLocked(msg, size);
+        return 0;
+    }
+    takeMessageLocked(size);
+    dataAfterMsg_ = after;
     if (serverWrote_) {
         // The client reads our bytes first, which tell it that no answer comes.
         upgrade_.store(Upgrade::None, std::memory_order_release);
@@ -150,18 +152,18 @@ void HybridSocket::upgradeAddWaiter(int eventFd,
         upSock_->addWaiter(eventFd, registered);
 }
 
-void HybridSocket::upgradeProgress(int events)
+bool HybridSocket::upgradeProgress(int events, bool leave)
 {
     std::unique_lock<std::mutex> lock(upgradeMutex_, std::try_to_lock);
     if (!lock.owns_lock())
-        return;
+        return false;
     const Upgrade before = upgrade_.load();
     switch (before) {
     case Upgrade::Maybe:
         // A HELLO alone would make the fd readable with nothing for the read: answer it now
         // (the process that polls a connection for reading is the one that reads it).
         if (events & POLLIN)
-            serverUpgradeLocked(false);
+            serverUpgradeLocked(false, leave);
         break;
     case Upgrade::Offer:
         // A program that waits to read gets the HELLO out now (the server may speak first);
@@ -171,7 +173,7 @@ void HybridSocket::upgradeProgress(int events)
             sendOfferLocked();
         break;
     case Upgrade::Answer:
-        clientAnswerLocked();
+        clientAnswerLocked(leave);
         break;
     default:
         break;
@@ -182,6 +184,7 @@ void HybridSocket::upgradeProgress(int events)
     // pass's look at it no longer tells.
     if (upgrade_.load() != before)
         kernelLook_.store(0, std::memory_order_relaxed);
+    return head_.size != 0 && upgrade_.load() == before;
 }
 
 int HybridSocket::firstBytesPollEvents(Upgrade u, int events)
@@ -195,7 +198,10 @@ int HybridSocket::firstBytesPollEvents(Upgrade u, int events)
     if (!(rev & POLLIN) || (u == Upgrade::Maybe && !(events & POLLIN)))
         return rev & (events | POLLERR | POLLHUP);
     dataAfterMsg_ = false;
-    upgradeProgress(events | (u == Upgrade::Answer ? POLLIN : 0));
+    // A look for reading leaves a message with bytes after it for the read, which takes both in
+    // one recvmsg (upgradeStep()): the fd is readable for the program's bytes.
+    if (upgradeProgress(events | (u == Upgrade::Answer ? POLLIN : 0), (events & POLLIN) != 0))
+        return rev & (events | POLLERR | POLLHUP);
     if (upgrade_.load() != u) {
         // The message was taken and the peek saw bytes after it: the look still tells (one
         // system call less per connection).
