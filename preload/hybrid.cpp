@@ -404,6 +404,11 @@ int HybridSocket::getpeername(sockaddr *addr, socklen_t *len)
 
 int HybridSocket::fionread(int *bytes)
 {
+    // The peer's upgrade message at the head of the stream is not the program's: taken first
+    // (a look waiting to read leaves one for the read), so that a program that reads what the
+    // count says with MSG_WAITALL does not wait for bytes that never come.
+    if (const Upgrade u = upgrade_.load(); u == Upgrade::Maybe || u == Upgrade::Answer)
+        upgradeProgress(POLLIN);
     if (late())
         return lateFionread(bytes);
     auto [s, m] = snapshot();
