@@ -47,7 +47,13 @@ void Connection::watch()
 {
     if (!watched_ && needsBackgroundLocked()) {
         watched_ = true;
-        ProgressThread::instance().watch(this);
+        // Sends the kernel took whole leave the thread nothing to do before the application
+        // has been quiet for kInjectIdleNs (backgroundProgress()).
+        const int64_t noneBefore =
+            !closing_ && onlyLeftSendsPendingLocked()
+                ? appProgressNs_.load(std::memory_order_relaxed) + kInjectIdleNs
+                : 0;
+        ProgressThread::instance().watch(this, noneBefore);
     }
 }
 

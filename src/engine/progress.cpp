@@ -120,14 +120,19 @@ void ProgressThread::start()
     });
 }
 
-void ProgressThread::watch(ProgressClient *conn)
+void ProgressThread::watch(ProgressClient *conn, int64_t noneBeforeNs)
 {
     std::lock_guard<std::mutex> lock(mutex_);
     start();
     if (std::find(watched_.begin(), watched_.end(), conn) == watched_.end())
         watched_.push_back(conn);
     // A thread that is not asleep looks at the list within a millisecond anyway; not waking it
-    // saves a system call and a context switch per send in a ping-pong.
+    // saves a system call and a context switch per send in a ping-pong. Nor one whose timer
+    // ends before it would have anything to do here: nginx with 200 clients re-watched each
+    // connection at each answer (the thread had let it go after the last one's completion was
+    // reaped), and woke the thread for it, only for the thread to set a timer.
+    if (noneBeforeNs && asleep_ && sleepUntilNs_ <= noneBeforeNs)
+        return;
     uint64_t one = 1;
     if (asleep_ && eventFd_ >= 0) {
         asleep_ = false;
@@ -420,6 +425,7 @@ void ProgressThread::run()
             if (passiveOpen)
                 fds.push_back({epollFd_, POLLIN, 0});
             asleep_ = !busy;
+            sleepUntilNs_ = wakeAt;
         }
         // Destroyed outside the lock: ~Connection calls forget().
         finished.clear();

@@ -79,7 +79,9 @@ public:
     static ProgressThread &instance();
 
     // The connection has work that needs progress without the application. Idempotent.
-    void watch(ProgressClient *conn);
+    // noneBeforeNs: the thread has nothing to do for it before then (0: it may at once); a
+    // thread asleep until no later than that finds it at its own wake-up, without being woken.
+    void watch(ProgressClient *conn, int64_t noneBeforeNs = 0);
     // Called from ~Connection: never touched again after this returns.
     void unwatch(ProgressClient *conn);
     // Takes ownership of a closing connection and destroys it once its data is delivered.
@@ -153,7 +155,8 @@ private:
     int eventFd_ = -1;
     int epollFd_ = -1; // the passive set
     std::atomic<bool> started_{false};
-    bool asleep_ = false; // the thread sleeps until signalled (nothing was watched)
+    bool asleep_ = false;              // the thread sleeps until signalled (nothing was watched)
+    int64_t sleepUntilNs_ = INT64_MAX; // and when it wakes by itself (asleep_: INT64_MAX none)
 };
 
 } // namespace rstream

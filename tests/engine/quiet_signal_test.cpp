@@ -16,6 +16,7 @@
 
 #include "engine_fixture.h"
 #include "fabric.h"
+#include "kernel.h"
 #include "proc.h"
 #include "provider_passes.h"
 #include "provider_sends_hook.h"
@@ -276,6 +277,68 @@ TEST_P(QuietSignalTest, AServerAnsweringEachMillisecondLeavesTheProgressThreadAs
     // 135-139 wake-ups in 250 ms before, 11-23 now (timers, the passive round's looks).
     EXPECT_LT(switches, ms / 3) << "the progress thread woke " << switches << " times in " << ms
                                 << " ms (" << n << " requests)";
+}
+
+// The engine's own writes (its wake-ups of the progress thread) made while tCountWrites is set.
+thread_local bool tCountWrites = false;
+std::atomic<int> gEngineWrites{0};
+ssize_t countingWrite(int fd, const void *buf, size_t len)
+{
+    gEngineWrites += tCountWrites;
+    return ::write(fd, buf, len);
+}
+
+// A server that answers its connections in turn, each less often than the progress thread waits
+// before it reaps a quiet connection's write completions (kInjectIdleNs): the thread lets each
+// connection go between its answers, and each answer watches it again. The thread, asleep until
+// the timer of a connection answered before, finds the new one at that wake-up: an answer does
+// not write its eventfd (nginx with 200 clients did for most of its requests, and the thread
+// woke only to set a timer).
+TEST_P(QuietSignalTest, AnswersInTurnDoNotWakeTheProgressThreadEachTime)
+{
+    if (const char *why = notInjectedQuiet(GetParam()))
+        GTEST_SKIP() << why;
+    constexpr int kPairs = 4;
+    std::vector<std::unique_ptr<Connection>> cs, ss;
+    for (int i = 0; i < kPairs; i++) {
+        auto [c, s] = pair(settings(), settings());
+        ASSERT_TRUE(c && s);
+        cs.push_back(std::move(c));
+        ss.push_back(std::move(s));
+    }
+    sys::Calls table = sys::kLibc;
+    table.write = countingWrite;
+    sys::bind(&table);
+    struct Unbind
+    {
+        ~Unbind() { sys::bind(&sys::kLibc); }
+    } unbind;
+    const std::vector<char> answer(1024, 'a'); // a write, not an inject
+    std::vector<char> got(answer.size());
+    auto round = [&](int k) {
+        char b = 0;
+        ASSERT_EQ(cs[size_t(k)]->send("q", 1, 0, 5000), 1);
+        ASSERT_EQ(ss[size_t(k)]->recv(&b, 1, 0, 5000), 1);
+        tCountWrites = true;
+        const ssize_t n = ss[size_t(k)]->send(answer.data(), answer.size(), 0, 5000);
+        tCountWrites = false;
+        ASSERT_EQ(n, ssize_t(answer.size()));
+        ASSERT_EQ(cs[size_t(k)]->recv(got.data(), got.size(), kWaitAll, 5000), ssize_t(got.size()));
+    };
+    for (int k = 0; k < kPairs; k++)
+        round(k); // settle
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    constexpr int kRounds = 64;
+    gEngineWrites = 0;
+    for (int i = 0; i < kRounds && !HasFatalFailure(); i++) {
+        round(i % kPairs);
+        // Each connection answered every 4 x 7 ms: longer than kInjectIdleNs (20 ms).
+        std::this_thread::sleep_for(std::chrono::milliseconds(7));
+    }
+    const int wakes = gEngineWrites.load();
+    RecordProperty("answer_wakes", wakes);
+    EXPECT_LE(wakes, kRounds / 8) << "the answers woke the progress thread " << wakes
+                                  << " times in " << kRounds;
 }
 
 // A server asleep in a blocking receive between requests, which it answers with injects the
