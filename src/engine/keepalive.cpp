@@ -131,8 +131,12 @@ bool Connection::passiveProgress(bool *watch)
     }
     // The application made progress on it a moment ago: its own calls, or its sleep on the wait
     // fd, take what arrives. A pass here took it from under them (nginx with 50 clients: 3,000
-    // passes a second of this thread's, a tenth of a system call a request).
-    if (nowNs() - appProgressNs_.load(std::memory_order_relaxed) < kPassiveAppNs)
+    // passes a second of this thread's, a tenth of a system call a request). A thread asleep
+    // in waitFor() wakes on the wait fd itself, however long ago its last pass: a server
+    // blocked in a read for its next request got a pass of this thread's beside its own
+    // whenever a round came before its wake-up (most requests on a loaded machine).
+    if (nowNs() - appProgressNs_.load(std::memory_order_relaxed) < kPassiveAppNs ||
+        appSleeping_.load(std::memory_order_relaxed) > 0)
         return true;
     // One read takes kMaxBatches of the CQ. What arrived while nobody looked (a peer filling the
     // ring while the application reads elsewhere) is taken in this wake-up, not a batch every
