@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: MIT
 // A same-host link's wake-up bytes: a poller that parks a connection again without having seen
 // its fd readable reads the link's pipe only where the peer owes it a byte (it took one of this
-// end's waiting words), and a byte the peer wrote unasked is still read once the fd is seen.
+// end's waiting words), a byte the peer wrote unasked is still read once the fd is seen, and a
+// writer waiting for room is not woken by each small read.
 
 #include <fcntl.h>
 #include <poll.h>
 #include <string>
 #include <unistd.h>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -91,6 +93,41 @@ TEST_F(SameHostWake, ArmReadsThePipeOnlyForAnOwedWakeUp)
     ASSERT_EQ(s->send("pong", 4), 4);
     ASSERT_EQ(c->recv(buf, 4, kWaitAll, 5000), 4);
     EXPECT_EQ(std::string(buf, 4), "pong");
+}
+
+// A poller waiting for room (a third of the ring free, when poll reports POLLOUT) sleeps through
+// its peer's small reads: its arm after each finds nothing to look at, and the peer's read that
+// frees a third wakes it. The arm used to fail at each read that moved the head (a writer of
+// iperf3 -l 64 looked again, with two reads of its pipes, for every 64 B its server read).
+TEST_F(SameHostWake, APollerWaitingForRoomSleepsThroughSmallReads)
+{
+    auto [c, s] = pair();
+    ASSERT_TRUE(c && s);
+    SameHostLink *link = c->testSameHostLink();
+    ASSERT_NE(link, nullptr);
+    const uint64_t ring = link->sendRing(), third = (ring + 2) / 3;
+    std::vector<char> out(ring, 'x'), in(64);
+    ASSERT_EQ(c->send(out.data(), out.size(), kNonBlock), ssize_t(ring));
+    ssize_t recv = 0, send = 0;
+    c->peek(&recv, &send); // a poller's look: no room
+    ASSERT_EQ(send, 0);
+    uint64_t seq = 0;
+    ASSERT_EQ(c->arm(&seq, true), 0);
+    uint64_t got = 0, failed = 0;
+    while (got + 64 < third) {
+        ASSERT_EQ(s->recv(in.data(), in.size(), kNonBlock), 64);
+        got += 64;
+        failed += c->arm(&seq, false) != 0;
+    }
+    EXPECT_EQ(failed, 0u) << "reads of 64 B that left less than a third free ended the sleep";
+    EXPECT_FALSE(fdReadable(link->fd())) << "the peer woke the writer before a third was free";
+    ASSERT_EQ(s->recv(in.data(), in.size(), kNonBlock), 64); // a third free now
+    for (int i = 0; i < 2000 && !fdReadable(link->fd()); i++)
+        usleep(1000);
+    EXPECT_TRUE(fdReadable(link->fd())) << "the read that freed a third did not wake the writer";
+    EXPECT_EQ(c->arm(&seq, true), -EAGAIN);
+    c->peek(&recv, &send);
+    EXPECT_GE(uint64_t(send), third);
 }
 
 } // namespace
