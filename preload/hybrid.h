@@ -188,6 +188,7 @@ public:
     int lookFds(std::vector<pollfd> *fds) override;
     int lookFdsEach(std::vector<pollfd> *fds) override;
     bool lookIsEpoll() override;
+    bool lookCanWait(int64_t now) override;
     void lookResults(const pollfd *fds) override;
     void sleepResults(const pollfd *fds, int n) override;
     // In its upgrade, waiting for the peer's first bytes (the server for the offer, the client
@@ -439,6 +440,10 @@ private:
     int listenerPollEvents(Socket *s, int events);       // Mode::Listener; s: its fabric listener
     int lookFdsAs(std::vector<pollfd> *fds, bool epoll); // lookFds(), lookFdsEach()
     static constexpr uint64_t kLookEpoll = uint64_t(1) << 18; // listenLook_: through lookEp_
+    // When a look through lookEp_ last found nothing (0: never), and how long a pass that
+    // returns anyway may go by it (lookCanWait()).
+    std::atomic<int64_t> quietLookNs_{0};
+    static constexpr int64_t kQuietLookNs = 100000;
     std::mutex mutex_;
     std::shared_ptr<Socket> sock_; // Fabric: the connection; Listener: the fabric listener
     std::vector<Option> options_;  // set before the path was decided, replayed on it

@@ -238,7 +238,7 @@ int HybridSocket::lookFdsAs(std::vector<pollfd> *fds, bool epoll)
 void HybridSocket::lookResults(const pollfd *fds)
 {
     const uint64_t pass = Connection::HintPass::current();
-    if (uint64_t k = kernelLook_.load(std::memory_order_relaxed); k == pass << 20) {
+    if (uint64_t k = kernelLook_.load(std::memory_order_relaxed); fds && k == pass << 20) {
         kernelLook_.compare_exchange_strong(k, k | kLookDone | uint16_t(fds[0].revents),
                                             std::memory_order_relaxed);
         return;
@@ -249,9 +249,12 @@ void HybridSocket::lookResults(const pollfd *fds)
     const int n = int(look >> 20 & 0xf);
     if (look & kLookEpoll) {
         // Something is ready: the looks ask each fd themselves (a connection to accept is
-        // rare beside the data a loop waits for). Nothing: all three are quiet.
-        if (fds[0].revents)
+        // rare beside the data a loop waits for). Nothing: all three are quiet. Left out (no
+        // fds, lookCanWait()): as quiet as the look before, which keeps its time.
+        if (fds && fds[0].revents)
             return;
+        if (fds)
+            quietLookNs_.store(nowNs(), std::memory_order_relaxed);
         if (Socket *l = fixedListen_.load(std::memory_order_acquire); l && n > 0) {
             const pollfd quiet[2] = {};
             l->lookResults(quiet);
@@ -259,6 +262,8 @@ void HybridSocket::lookResults(const pollfd *fds)
         listenLook_.compare_exchange_strong(look, look | kLookDone, std::memory_order_relaxed);
         return;
     }
+    if (!fds)
+        return; // not left out (only a look epoll is): this look asks the kernel itself
     if (n > 0)
         if (auto s = socket())
             s->lookResults(fds + 1);
@@ -270,6 +275,12 @@ bool HybridSocket::lookIsEpoll()
 {
     const uint64_t look = listenLook_.load(std::memory_order_relaxed);
     return (look & kLookEpoll) && look >> 24 == Connection::HintPass::current();
+}
+
+bool HybridSocket::lookCanWait(int64_t now)
+{
+    const int64_t at = quietLookNs_.load(std::memory_order_relaxed);
+    return at && now - at < kQuietLookNs && lookIsEpoll();
 }
 
 void HybridSocket::sleepResults(const pollfd *fds, int n)

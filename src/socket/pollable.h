@@ -52,6 +52,12 @@ public:
     // stands for all of its fds (readable when any of them is): a pass with nothing else to
     // check asks it with epoll_wait, a third of a ppoll's cost (the shim's listeners).
     virtual bool lookIsEpoll() { return false; }
+    // Whether a pass that returns anyway (another of its members is ready) may leave out that
+    // look epoll: the socket's last look found nothing this recently. The pass then hands
+    // lookResults() null: as quiet as before. A listener's next connection waits a little
+    // longer for its accept beside busy members; a server reading 64 B a select() paid an
+    // epoll_wait at each of them for it (two fifths of its CPU).
+    virtual bool lookCanWait(int64_t /*nowNs*/) { return false; }
     // The look fds one by one, none standing for others: for a caller that answers them from
     // wake-ups of those very fds (an epoll set's listener woken by its parked fds).
     virtual int lookFdsEach(std::vector<pollfd> *fds) { return lookFds(fds); }

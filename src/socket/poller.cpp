@@ -118,6 +118,12 @@ void HintCheck::apply(const pollfd *fds) const
         s->lookResults(fds + conns_.size() + at);
 }
 
+void HintCheck::applySkipped() const
+{
+    for (auto &look : looks_)
+        look.first->lookResults(nullptr);
+}
+
 void HintCheck::applyQuiet() const
 {
     for (auto &c : conns_)
@@ -203,6 +209,12 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
     // at almost every request of a client that sends and then polls for the answer. A look
     // that finds something ready is made again with the check: poll reports all that is.
     bool sleepChecks = timeoutMs != 0 && kfds.empty();
+    auto lookAt = [&](nfds_t i) -> int {
+        Connection::clearLook();
+        fds[i].revents = static_cast<short>(socks[i]->pollEvents(fds[i].events));
+        looks[i] = Connection::lastLook();
+        return fds[i].revents ? 1 : 0;
+    };
     auto check = [&]() -> int {
         int count = 0;
         Connection::HintPass pass;
@@ -211,7 +223,18 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
             if (s)
                 hints.add(*s, fired);
         fired.clear();
-        if (sleepChecks && hints.onlyConnections()) {
+        looks.assign(nfds, WatchLook{nullptr, 0});
+        // A listener's look epoll is all there is to check (a select() loop's usual set): the
+        // others are looked at first, and where one is ready the listener's look may be left
+        // out (Pollable::lookCanWait).
+        Pollable *sole = kfds.empty() && hints.singleEpoll() ? hints.soleLook() : nullptr;
+        if (sole)
+            for (nfds_t i = 0; i < nfds; i++)
+                if (socks[i] && socks[i].get() != sole)
+                    count += lookAt(i);
+        if (sole && count > 0 && sole->lookCanWait(nowNs())) {
+            hints.applySkipped();
+        } else if (sleepChecks && hints.onlyConnections()) {
             hints.applyQuiet();
         } else if (!kfds.empty() || !hints.empty()) {
             lookFds.assign(kfds.begin(), kfds.end());
@@ -236,16 +259,9 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
                     count++;
             }
         }
-        looks.assign(nfds, WatchLook{nullptr, 0});
-        for (nfds_t i = 0; i < nfds; i++) {
-            if (socks[i]) {
-                Connection::clearLook();
-                fds[i].revents = static_cast<short>(socks[i]->pollEvents(fds[i].events));
-                looks[i] = Connection::lastLook();
-                if (fds[i].revents)
-                    count++;
-            }
-        }
+        for (nfds_t i = 0; i < nfds; i++)
+            if (socks[i] && (!sole || socks[i].get() == sole))
+                count += lookAt(i);
         return count;
     };
 

@@ -41,6 +41,10 @@ public:
     bool empty() const { return fds_.empty() && lookFds_.empty(); }
     // Whether all the pass has to check is one socket's look epoll (Pollable::lookIsEpoll).
     bool singleEpoll() const { return fds_.empty() && lookFds_.size() == 1 && epollLook_; }
+    // That socket, where singleEpoll(); applySkipped() instead of apply() when its look was
+    // left out (Pollable::lookCanWait).
+    Pollable *soleLook() const { return looks_.front().first; }
+    void applySkipped() const;
     // For the next pass (and to let the connections go); the vectors keep their memory, so a
     // look allocates nothing.
     void clear();
