@@ -119,6 +119,8 @@ public:
     ssize_t recvState();
     ssize_t sendState();
     uint64_t unreadByPeer() const; // bytes sent that the peer has not read yet
+    // The peer's read count as it wrote it (unchecked: for telling whether the peer reads).
+    uint64_t peerReadCount() const { return tx_->head.v.load(std::memory_order_acquire); }
     uint64_t readable() const;
     // Serial numbers of what changed what a poller sees: data or EOF arrived, room appeared.
     // Each call compares with the last and counts a change.

@@ -66,6 +66,8 @@ void Connection::shConnectedLocked()
     shFd_.store(sh_->fd(), std::memory_order_release);
     changed_ = true;
     wakeSleepersLocked();
+    if (userTimeoutNs_) // set before the connection was (shTimerLocked())
+        ProgressThread::instance().schedule(this, nowNs());
 }
 
 void Connection::shReleaseFabricLocked()
@@ -349,11 +351,30 @@ void Connection::shCloseLocked(bool abortive)
 int64_t Connection::shTimerLocked(int64_t now)
 {
     int64_t next = 0;
+    if (userTimeoutNs_ && state_ == State::Connected && !error_) {
+        // TCP_USER_TIMEOUT as over the fabric (userTimeoutLocked()): bytes the peer could read
+        // (not the cork's) left unread that long, with no read of its in between, fail the
+        // connection (ETIMEDOUT here, a reset for the peer). stallEvents_ holds the peer's read
+        // count here: a connection on the link never goes back to the fabric.
+        const uint64_t head = sh_->peerReadCount();
+        const bool waiting = sh_->unreadByPeer() > sh_->held();
+        if (!waiting || head != stallEvents_ || !stallSinceNs_) {
+            stallSinceNs_ = waiting ? now : 0;
+            stallEvents_ = head;
+        } else if (now - stallSinceNs_ >= userTimeoutNs_) {
+            failLocked(-ETIMEDOUT,
+                       "TCP_USER_TIMEOUT: the same-host peer read nothing for that long");
+            sh_->reset();
+            wakeSleepersLocked();
+            return 0;
+        }
+        next = now + std::clamp<int64_t>(userTimeoutNs_ / 4, 10000000, 1000000000);
+    }
     if (sh_->held() && corkSinceNs_) {
         if (now >= corkSinceNs_ + kCorkMaxNs) {
             sh_->flush();
             corkSinceNs_ = 0;
-        } else {
+        } else if (!next || corkSinceNs_ + kCorkMaxNs < next) {
             next = corkSinceNs_ + kCorkMaxNs;
         }
     }
