@@ -209,6 +209,7 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
     // at almost every request of a client that sends and then polls for the answer. A look
     // that finds something ready is made again with the check: poll reports all that is.
     bool sleepChecks = timeoutMs != 0 && kfds.empty();
+    bool leftToSleep = false; // the last check took the hint fds for quiet without asking
     auto lookAt = [&](nfds_t i) -> int {
         Connection::clearLook();
         fds[i].revents = static_cast<short>(socks[i]->pollEvents(fds[i].events));
@@ -217,6 +218,7 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
     };
     auto check = [&]() -> int {
         int count = 0;
+        leftToSleep = false;
         Connection::HintPass pass;
         hints.clear();
         for (auto &s : socks)
@@ -236,6 +238,7 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
             hints.applySkipped();
         } else if (sleepChecks && hints.onlyConnections()) {
             hints.applyQuiet();
+            leftToSleep = true;
         } else if (!kfds.empty() || !hints.empty()) {
             lookFds.assign(kfds.begin(), kfds.end());
             hints.appendTo(&lookFds);
@@ -271,8 +274,11 @@ int pollAt(pollfd *fds, nfds_t nfds, int timeoutMs, const sigset_t *mask, Socket
     auto &sleepFds = sc.sleepFds;
     for (;;) {
         int count = check();
-        if (sleepChecks && count != 0)
-            count = (sleepChecks = false, check()); // it returns now: every fd as it is
+        // It returns now: every fd as it is. A first check that asked the kernel (a listener's
+        // look fds beside the connections) already did: a select() loop over a busy fabric
+        // connection and its listener made two ppoll calls a call.
+        if (leftToSleep && count != 0)
+            count = (sleepChecks = false, check());
         sleepChecks = false; // the looks after the first check the fds (a spin's, a sleep's)
         if (count != 0 || timeoutMs == 0) {
             if (count > 0 && missed && !roomWait)

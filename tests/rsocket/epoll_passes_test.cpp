@@ -155,6 +155,52 @@ TEST_P(EpollReady, APollForAnAnswerSleepsOnceAndLooksOnce)
     EXPECT_LE(passes, n + n / 4) << "polls made passes besides the one that took the answer";
 }
 
+std::shared_ptr<Pollable> gListener;
+std::shared_ptr<Pollable> pollServer(int fd)
+{
+    return fd == 1000 ? gClient : fd == 999 ? gListener : nullptr;
+}
+
+// A select() loop's call over a readable connection and its listener (iperf3's server reads a
+// small piece after each): the first look asks the kernel for the listener's fds (and an armed
+// connection's wait fd) in one ppoll and returns what it found. It used to look again before
+// returning, a second ppoll each call.
+TEST_P(EpollReady, APollOverAListenerAndAReadableConnectionAsksTheKernelOnce)
+{
+    connectPairs(1);
+    auto [c, s] = pairs_[0];
+    const int n = 20;
+    for (int i = 0; i < n; i++)
+        sendByte(*c);
+    char b = 0;
+    iovec v{&b, 1};
+    gClient = s;
+    gListener = listener_;
+    static sys::Calls table = [] {
+        sys::Calls t = sys::kLibc;
+        t.ppoll = countingPpoll;
+        return t;
+    }();
+    int ppolls = 0;
+    for (int i = 0; i < n; i++) {
+        SCOPED_TRACE(i);
+        pollfd p[2] = {{1000, POLLIN, 0}, {999, POLLIN, 0}};
+        sys::bind(&table);
+        gPpolls = 0;
+        const int r = pollFds(p, 2, 5000, nullptr, pollServer, 0);
+        ppolls += gPpolls.load();
+        sys::bind(&sys::kLibc);
+        ASSERT_EQ(r, 1);
+        EXPECT_EQ(p[0].revents, POLLIN);
+        EXPECT_EQ(p[1].revents, 0);
+        ASSERT_EQ(s->recv(&v, 1, 0), 1);
+    }
+    gClient.reset();
+    gListener.reset();
+    RecordProperty("ppolls", ppolls);
+    EXPECT_LE(ppolls, n + 2) << "calls that found the connection ready looked again";
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, EpollReady, ::testing::ValuesIn(kModes),
                          [](const auto &p) { return std::string(p.param.name); });
 
