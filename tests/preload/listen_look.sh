@@ -23,7 +23,7 @@ timeout 120 strace -f -qq -e trace=epoll_wait -o "$work/trace" -E LD_PRELOAD="$l
 cat "$work/out"
 grep -q '"same_host_connections": 4,' "$work/stats.json" ||
 	fail "expected 4 same-host connection ends: $(cat "$work/stats.json")"
-main=$(sed -n 's/.*"pid": \([0-9]*\).*/\1/p' "$work/stats.json")
+main=$(sed -n 's/^{"pid": \([0-9]*\),.*/\1/p' "$work/stats.json")
 polls=$(sed -n 's/.*polls=\([0-9]*\).*/\1/p' "$work/out")
 wait_us=$(sed -n 's/.*accept_wait_us=\([0-9]*\).*/\1/p' "$work/out")
 # Zero-timeout calls of the main thread's (the progress thread has its own).
