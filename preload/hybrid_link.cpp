@@ -170,7 +170,7 @@ bool HybridSocket::lateLinkLocked()
     const std::string name =
         upgradeLinkName(reinterpret_cast<sockaddr *>(&latePeer_), latePeerLen_, latePort_);
     SameHostOffer offer;
-    int r = offer.open(name, sameHostRingSize(settings));
+    int r = offer.open(name, sameHostRings(settings));
     if (r < 0) {
         // Nothing answers there (ECONNREFUSED): a server that takes no links, or in another
         // network namespace. The fabric, then.

@@ -79,6 +79,8 @@ void Connection::fixBufferSizes(bool send, bool recv)
 {
     std::lock_guard<std::mutex> lock(mutex_);
     growth_.fix(send, recv);
+    if (send && sh_)
+        sh_->allowGrowth(0);
 }
 
 void Connection::maybeGrowSendLocked()

@@ -315,7 +315,7 @@ int Connection::acceptLocked(fi_info *connreq, const wire::Hello &peer)
     if (settings_.sameHost && peer.token && cmMax >= wire::kHelloSameHostSize) {
         // The region goes to the peer's inbox before the answer, so it is there when the
         // answer arrives; declined, the connection stays on the fabric.
-        if (acceptSameHost(peer, sameHostRingSize(settings_), &sh_) == 0) {
+        if (acceptSameHost(peer, sameHostRings(settings_), &sh_) == 0) {
             shToken_ = peer.token;
             mine.token = peer.token;
             mine.hostKey = peer.hostKey;

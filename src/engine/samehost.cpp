@@ -1,17 +1,13 @@
 // SPDX-License-Identifier: MIT
-// The same-host link's region and data path: rings in a sealed memfd, checked indices, wake-ups.
+// The same-host link's data path: the rings' copies in and out, checked indices, the rings'
+// growth, readiness and wake-ups (the region itself: samehost_region.cpp).
 
 #include "samehost.h"
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
-#include <cstdio>
-#include <fcntl.h>
-#include <pthread.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
-#include <vector>
 
 #include "connection_detail.h"
 #include "kernel.h"
@@ -20,11 +16,6 @@
 namespace rstream {
 
 namespace {
-bool validRing(uint64_t size)
-{
-    return size >= shm::kMinRing && size <= shm::kMaxRing && (size & (size - 1)) == 0;
-}
-
 void storeMax(std::atomic<uint64_t> &a, uint64_t v)
 {
     uint64_t cur = a.load(std::memory_order_relaxed);
@@ -33,135 +24,7 @@ void storeMax(std::atomic<uint64_t> &a, uint64_t v)
            !a.compare_exchange_weak(cur, v, std::memory_order_release, std::memory_order_relaxed)) {
     }
 }
-
-// The links of this process. A fork child closes its copies of their pipes' fds: the connections
-// are the parent's (the shim reports EIO on them in the child), and a copy held by a child
-// would keep the peer from seeing the parent's end when the parent dies.
-std::mutex gLinksMutex;
-std::vector<SameHostLink *> gLinks;
-[[maybe_unused]] const int gForkHandlers =
-    pthread_atfork([] { gLinksMutex.lock(); }, [] { gLinksMutex.unlock(); },
-                   [] {
-                       for (SameHostLink *l : gLinks)
-                           l->forgetAfterFork();
-                       gLinksMutex.unlock();
-                   });
 } // namespace
-
-void SameHostLink::forgetAfterFork()
-{
-    if (sleepFd_ >= 0)
-        sys::close(sleepFd_);
-    if (wakeFd_ >= 0)
-        sys::close(wakeFd_);
-    sleepFd_ = wakeFd_ = -1;
-    err_.store(-EIO, std::memory_order_relaxed);
-}
-
-void SameHostLink::setWakeFds(int sleepFd, int wakeFd)
-{
-    sleepFd_ = sleepFd;
-    wakeFd_ = wakeFd;
-    std::lock_guard<std::mutex> lock(gLinksMutex);
-    gLinks.push_back(this);
-}
-
-SameHostLink::~SameHostLink()
-{
-    {
-        std::lock_guard<std::mutex> lock(gLinksMutex);
-        std::erase(gLinks, this);
-    }
-    if (sleepFd_ >= 0)
-        sys::close(sleepFd_);
-    if (wakeFd_ >= 0)
-        sys::close(wakeFd_);
-    if (mem_)
-        munmap(mem_, memSize_);
-}
-
-int SameHostLink::mapRegion(int memfd, size_t size)
-{
-    void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
-    if (p == MAP_FAILED)
-        return -errno;
-    mem_ = static_cast<uint8_t *>(p);
-    memSize_ = size;
-    return 0;
-}
-
-int SameHostLink::create(uint64_t ring0, uint64_t ring1, int *memfd,
-                         std::unique_ptr<SameHostLink> *out)
-{
-    if (!validRing(ring0) || !validRing(ring1))
-        return -EINVAL;
-    const size_t size = shm::kHeaderBytes + ring0 + ring1;
-    // Not in any file system: only a process the fd is handed to can map it.
-    int fd = memfd_create("rstream-samehost", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0)
-        return -errno;
-    std::unique_ptr<SameHostLink> link(new SameHostLink());
-    int r = 0;
-    if (ftruncate(fd, static_cast<off_t>(size)) < 0)
-        r = -errno;
-    // The peer can neither shrink the region under this end's mapping (a SIGBUS) nor grow it.
-    if (r == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
-        r = -errno;
-    if (r == 0)
-        r = link->mapRegion(fd, size);
-    if (r < 0) {
-        sys::close(fd);
-        return r;
-    }
-    auto *h = reinterpret_cast<shm::Header *>(link->mem_);
-    h->magic = shm::kMagic;
-    h->version = shm::kVersion;
-    h->ringSize[0] = ring0;
-    h->ringSize[1] = ring1;
-    link->tx_ = &h->dir[0];
-    link->rx_ = &h->dir[1];
-    link->txRing_ = link->mem_ + shm::kHeaderBytes;
-    link->rxRing_ = link->txRing_ + ring0;
-    link->txSize_ = ring0;
-    link->rxSize_ = ring1;
-    *memfd = fd;
-    *out = std::move(link);
-    return 0;
-}
-
-int SameHostLink::attach(int memfd, std::unique_ptr<SameHostLink> *out)
-{
-    const int seals = fcntl(memfd, F_GET_SEALS);
-    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
-        return -EPROTO;
-    struct stat st;
-    if (fstat(memfd, &st) < 0)
-        return -EPROTO;
-    const uint64_t size = static_cast<uint64_t>(st.st_size);
-    if (size < shm::kHeaderBytes + 2 * shm::kMinRing ||
-        size > shm::kHeaderBytes + 2 * shm::kMaxRing)
-        return -EPROTO;
-    std::unique_ptr<SameHostLink> link(new SameHostLink());
-    int r = link->mapRegion(memfd, size);
-    if (r < 0)
-        return r == -EPERM || r == -EACCES ? -EPROTO : r;
-    // Read once: the sizes this end works with from now on are its own copies.
-    const auto *h = reinterpret_cast<volatile const shm::Header *>(link->mem_);
-    const uint32_t magic = h->magic, version = h->version;
-    const uint64_t ring0 = h->ringSize[0], ring1 = h->ringSize[1];
-    if (magic != shm::kMagic || version != shm::kVersion || !validRing(ring0) ||
-        !validRing(ring1) || shm::kHeaderBytes + ring0 + ring1 != size)
-        return -EPROTO;
-    auto *hdr = reinterpret_cast<shm::Header *>(link->mem_);
-    link->tx_ = &hdr->dir[1];
-    link->rx_ = &hdr->dir[0];
-    link->rxRing_ = link->mem_ + shm::kHeaderBytes;
-    link->txRing_ = link->rxRing_ + ring0;
-    link->rxSize_ = ring0;
-    link->txSize_ = ring1;
-    *out = std::move(link);
-    return 0;
-}
 
 void SameHostLink::corrupt(const char *what)
 {
@@ -208,20 +71,110 @@ size_t SameHostLink::write(const iovec *iov, int iovcnt, size_t skip, size_t len
         return 0;
     }
     storeMax(txHeadSeen_, head);
-    const uint64_t n = std::min<uint64_t>(len, txSize_ - (tail - head));
+    uint64_t max = txMaxTail(head);
+    if (max < tail + len && txGrowTo_.load(std::memory_order_relaxed) > txSize_.load()) {
+        grow(tail); // full: a bulk writer, or a peer that leaves its bytes unread for now
+        max = txMaxTail(head);
+    }
+    const uint64_t n = std::min<uint64_t>(len, max > tail ? max - tail : 0);
     if (n == 0)
         return 0;
-    copyRing(txRing_, txSize_, tail & (txSize_ - 1), iov, iovcnt, skip, n, true);
+    // Every write after a growth is past its position: the bigger ring's place for it.
+    const uint64_t size = txSize_.load(std::memory_order_relaxed);
+    const uint64_t off =
+        size == txInit_ ? tail & (size - 1)
+                        : (tail - txGrowAt_.load(std::memory_order_relaxed) + txInit_) & (size - 1);
+    copyRing(txRing_, size, off, iov, iovcnt, skip, n, true);
     txTail_.store(tail + n, std::memory_order_release);
     if (!hold) {
         publish(tail + n);
     } else {
-        const uint64_t frame = std::clamp<uint64_t>(txSize_ / 4, 4096, 256 * 1024);
+        const uint64_t frame = std::clamp<uint64_t>(size / 4, 4096, 256 * 1024);
         const uint64_t pub = txPublished_.load(std::memory_order_relaxed);
         if (tail + n - pub >= frame)
             publish(pub + (tail + n - pub) / frame * frame);
     }
     return n;
+}
+
+uint64_t SameHostLink::txMaxTail(uint64_t head) const
+{
+    const uint64_t size = txSize_.load(std::memory_order_acquire);
+    if (size == txInit_)
+        return head + size;
+    // Until the peer read past the growth, the bytes before it hold the first ring's place.
+    const uint64_t at = txGrowAt_.load(std::memory_order_relaxed);
+    return head < at ? at + size - txInit_ : head + size;
+}
+
+void SameHostLink::allowGrowth(uint64_t upTo)
+{
+    const uint64_t to = upTo ? std::min(txCap_, std::bit_ceil(std::max(upTo, shm::kMinRing))) : 0;
+    txGrowTo_.store(to > txInit_ ? to : 0, std::memory_order_relaxed);
+}
+
+void SameHostLink::grow(uint64_t tail)
+{
+    // Only ever once, and only from the sender (one at a time): the peer's view of where each
+    // byte is rests on a single growth.
+    const uint64_t to = txGrowTo_.exchange(0, std::memory_order_relaxed);
+    if (to <= txInit_ || txSize_.load(std::memory_order_relaxed) != txInit_)
+        return;
+    tx_->growAt.v.store(tail, std::memory_order_relaxed);
+    // Before any tail past it is published (publish() stores tail with release after this).
+    tx_->grownLog2.v.store(std::countr_zero(to), std::memory_order_release);
+    txGrowAt_.store(tail, std::memory_order_relaxed);
+    txSize_.store(to, std::memory_order_release);
+}
+
+bool SameHostLink::adoptRxGrowth()
+{
+    std::lock_guard<std::mutex> lock(rxGrowMutex_);
+    if (rxSize_.load(std::memory_order_relaxed) != rxInit_)
+        return true;
+    const uint64_t log2 = rx_->grownLog2.v.load(std::memory_order_acquire);
+    const uint64_t at = rx_->growAt.v.load(std::memory_order_relaxed);
+    const uint64_t head = rxHead_.load(std::memory_order_acquire);
+    // An honest peer grew with at most a first ring's worth unread, and this end cannot have
+    // read past the growth before taking it on.
+    if (log2 >= 63 || (1ull << log2) <= rxInit_ || (1ull << log2) > rxCap_ || at < head ||
+        at - head > rxInit_) {
+        corrupt("ring growth");
+        return false;
+    }
+    rxGrowAt_.store(at, std::memory_order_relaxed);
+    rxSize_.store(1ull << log2, std::memory_order_release);
+    return true;
+}
+
+uint64_t SameHostLink::rxMaxTail(uint64_t head)
+{
+    // Called after the tail was read (acquire): a growth published before it is seen here.
+    if (rxSize_.load(std::memory_order_acquire) == rxInit_) {
+        if (!rx_->grownLog2.v.load(std::memory_order_acquire))
+            return head + rxInit_;
+        if (!adoptRxGrowth())
+            return 0;
+    }
+    const uint64_t size = rxSize_.load(std::memory_order_acquire);
+    const uint64_t at = rxGrowAt_.load(std::memory_order_relaxed);
+    return head < at ? at + size - rxInit_ : head + size;
+}
+
+void SameHostLink::copyOut(uint64_t head, const iovec *iov, int iovcnt, size_t skip, size_t n)
+{
+    const uint64_t size = rxSize_.load(std::memory_order_acquire);
+    if (size == rxInit_) {
+        copyRing(rxRing_, size, head & (size - 1), iov, iovcnt, skip, n, false);
+        return;
+    }
+    const uint64_t at = rxGrowAt_.load(std::memory_order_relaxed);
+    const uint64_t first = head < at ? std::min<uint64_t>(n, at - head) : 0;
+    if (first)
+        copyRing(rxRing_, rxInit_, head & (rxInit_ - 1), iov, iovcnt, skip, first, false);
+    if (n > first)
+        copyRing(rxRing_, size, (head + first - at + rxInit_) & (size - 1), iov, iovcnt,
+                 skip + first, n - first, false);
 }
 
 void SameHostLink::publish(uint64_t pos)
@@ -257,7 +210,8 @@ size_t SameHostLink::read(const iovec *iov, int iovcnt, size_t skip, size_t len,
     const uint64_t seen = rxTailSeen_.load(std::memory_order_acquire); // before tail, as above
     const uint64_t head = rxHead_.load(std::memory_order_relaxed);
     const uint64_t tail = rx_->tail.v.load(std::memory_order_acquire);
-    if (tail < seen || tail < head || tail - head > rxSize_) {
+    const uint64_t max = rxMaxTail(head);
+    if (tail < seen || tail < head || tail > max) {
         corrupt("tail index");
         return 0;
     }
@@ -265,7 +219,7 @@ size_t SameHostLink::read(const iovec *iov, int iovcnt, size_t skip, size_t len,
     const uint64_t n = std::min<uint64_t>(len, tail - head);
     if (n == 0)
         return 0;
-    copyRing(rxRing_, rxSize_, head & (rxSize_ - 1), iov, iovcnt, skip, n, false);
+    copyOut(head, iov, iovcnt, skip, n);
     if (peek)
         return n;
     rxHead_.store(head + n, std::memory_order_release);
@@ -275,8 +229,9 @@ size_t SameHostLink::read(const iovec *iov, int iovcnt, size_t skip, size_t len,
         // The peer's word: any value only decides when it is woken, and an empty ring (room
         // for all of it) always does. The tail read here is at least what was read above.
         const uint64_t now = rx_->tail.v.load(std::memory_order_acquire);
-        const uint64_t room = rxSize_ - std::min(rxSize_, now - std::min(now, head + n));
-        if (room >= std::min(want, rxSize_) &&
+        const uint64_t limit = rxMaxTail(head + n);
+        const uint64_t room = limit > now ? limit - now : 0;
+        if ((now <= head + n || room >= std::min(want, rxSize_.load())) &&
             rx_->writerWaiting.v.exchange(0, std::memory_order_acq_rel))
             wakePeer();
     }
@@ -287,7 +242,7 @@ uint64_t SameHostLink::readable() const
 {
     const uint64_t head = rxHead_.load(std::memory_order_relaxed);
     const uint64_t tail = rx_->tail.v.load(std::memory_order_acquire);
-    return tail > head ? std::min(tail - head, rxSize_) : 0;
+    return tail > head ? std::min(tail - head, rxCap_) : 0;
 }
 
 uint64_t SameHostLink::unreadByPeer() const
@@ -318,13 +273,14 @@ ssize_t SameHostLink::recvState()
     const uint64_t seen = rxTailSeen_.load(std::memory_order_acquire);
     const uint64_t head = rxHead_.load(std::memory_order_acquire);
     const uint64_t tail = rx_->tail.v.load(std::memory_order_acquire);
+    // No bound ahead here: head may be behind the receiver's by now (read() checks it).
     if (tail < seen || tail < head) {
         corrupt("tail index");
         return err_.load();
     }
     storeMax(rxTailSeen_, tail);
     if (tail > head)
-        return static_cast<ssize_t>(std::min(tail - head, rxSize_));
+        return static_cast<ssize_t>(std::min(tail - head, rxCap_));
     if (f & shm::kShutWr)
         return 0;
     if (peerGone_.load(std::memory_order_acquire))
@@ -350,7 +306,8 @@ ssize_t SameHostLink::sendState()
         return err_.load();
     }
     storeMax(txHeadSeen_, head);
-    return static_cast<ssize_t>(txSize_ - (tail - head));
+    const uint64_t max = txMaxTail(head);
+    return static_cast<ssize_t>(max > tail ? max - tail : 0);
 }
 
 bool SameHostLink::observe(uint64_t *rxChanges, uint64_t *txChanges)
@@ -415,8 +372,9 @@ int SameHostLink::arm(bool read, uint64_t room, bool *drained, Drain mode)
         taken = true;
         readWord_ = false;
     }
+    const uint64_t size = txSize_.load(std::memory_order_acquire);
     if (room) {
-        const uint64_t want = std::min(room, txSize_);
+        const uint64_t want = std::min(room, size);
         taken |= tx_->writerWaiting.v.exchange(want, std::memory_order_seq_cst) == 0 && roomWord_;
         roomWord_ = true;
     } else if (roomWord_ && tx_->writerWaiting.v.load(std::memory_order_acquire) == 0) {
@@ -437,9 +395,10 @@ int SameHostLink::arm(bool read, uint64_t room, bool *drained, Drain mode)
     // enough already) a head that moved is looked at, as is one out of range (reset there).
     const uint64_t head = tx_->head.v.load(std::memory_order_acquire);
     const uint64_t tail = txTail_.load(std::memory_order_relaxed);
+    const uint64_t max = head <= tail ? txMaxTail(head) : 0;
     const bool roomCame =
         head != seenHead_ && (!room || head < seenHead_ || head > tail ||
-                              txSize_ - std::min(txSize_, tail - head) >= std::min(room, txSize_));
+                              (max > tail ? max - tail : 0) >= std::min(room, size));
     if (rx_->tail.v.load(std::memory_order_acquire) != seenTail_ || roomCame ||
         (seenFlags_ | f) != seenFlags_ || peerGone_.load(std::memory_order_acquire) != seenGone_ ||
         err_.load(std::memory_order_acquire) != seenErr_)
@@ -469,43 +428,6 @@ void SameHostLink::reset()
     myFlags_.fetch_or(shm::kReset);
     tx_->flags.v.store(myFlags_.load(), std::memory_order_release);
     wakePeer();
-}
-
-bool SameHostLink::releaseIdleRing()
-{
-    if (err_.load(std::memory_order_relaxed) || held() || unreadByPeer())
-        return false;
-    // The peer published head == tail after its last copy out: no read of the ring is under
-    // way, and the next byte it reads is written after this.
-    return madvise(txRing_, txSize_, MADV_REMOVE) == 0;
-}
-
-std::string SameHostLink::debugState() const
-{
-    char buf[320];
-    std::snprintf(
-        buf, sizeof(buf),
-        "same-host(fd=%d rx tail=%llu head=%llu seen=%llu waiting=%llu flags=%llu | "
-        "tx tail=%llu pub=%llu peerHead=%llu waiting=%llu | gone=%d err=%d)",
-        sleepFd_, (unsigned long long)rx_->tail.v.load(), (unsigned long long)rxHead_.load(),
-        (unsigned long long)seenTail_, (unsigned long long)rx_->readerWaiting.v.load(),
-        (unsigned long long)rx_->flags.v.load(), (unsigned long long)txTail_.load(),
-        (unsigned long long)txPublished_.load(), (unsigned long long)tx_->head.v.load(),
-        (unsigned long long)tx_->writerWaiting.v.load(), int(peerGone_.load()), err_.load());
-    return buf;
-}
-
-size_t SameHostLink::residentBytes() const
-{
-    const long page = sysconf(_SC_PAGESIZE);
-    const size_t pages = (memSize_ + page - 1) / page;
-    std::vector<unsigned char> vec(pages);
-    if (mincore(mem_, memSize_, vec.data()) < 0)
-        return 0;
-    size_t n = 0;
-    for (unsigned char v : vec)
-        n += v & 1;
-    return n * page;
 }
 
 } // namespace rstream

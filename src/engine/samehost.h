@@ -22,6 +22,16 @@
 // A writer asks for the room it waits for (a third of the ring, as the kernel wakes a writer),
 // so that a reader taking small pieces of a full ring does not wake it for each.
 //
+// A ring starts at its setup size and may grow, once, up to the region's capacity for that
+// direction (reserved at setup, backed only as touched), when a write finds it full: a bulk
+// writer, or bytes the peer leaves unread, as Linux's buffers grow. Its producer publishes where
+// the bigger ring starts (growAt, its tail then) and its size before any byte past that point;
+// the bytes before it stay where they are in the first ring, and the bytes after it go first
+// into the part of the region the first ring did not use, so nothing in flight moves and the
+// consumer, reading growAt, knows where each byte is: below growAt at pos mod the first size,
+// from it at (pos + first size - growAt) mod the new size. Until the consumer has read past
+// growAt the producer writes no more than the new part holds.
+//
 // The peer is untrusted: every index and flag it writes is read once, checked against what this
 // end knows (tail never behind what was seen nor more than a ring ahead of head, head never past
 // tail), and a bad one resets the connection. Offsets are taken modulo the ring size this end
@@ -41,7 +51,7 @@ namespace rstream {
 
 namespace shm {
 constexpr uint32_t kMagic = 0x52534831; // "RSH1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 // The producer's flags: no more data after tail (SHUT_WR, close), or an abortive close.
 constexpr uint64_t kShutWr = 1;
 constexpr uint64_t kReset = 2;
@@ -67,6 +77,10 @@ struct DirCtl
     // producer sets the bytes of room it waits for (>= 1) before sleeping; the consumer clears
     // it and wakes it once that much is free (or the ring is empty, whatever the value)
     Word writerWaiting;
+    // producer, once: the position from which the ring is bigger, then that size's log2 (0
+    // until it grew; stored after growAt, before any tail past it)
+    Word growAt;
+    Word grownLog2;
 };
 
 // Direction 0 carries the accepting end's bytes, direction 1 the connecting end's.
@@ -74,7 +88,8 @@ struct Header
 {
     uint32_t magic;
     uint32_t version;
-    uint64_t ringSize[2];
+    uint64_t ringSize[2]; // at setup
+    uint64_t ringCap[2];  // the most each may grow to: the region holds this much
     alignas(64) DirCtl dir[2];
 };
 static_assert(sizeof(Header) <= kHeaderBytes);
@@ -88,9 +103,15 @@ public:
     SameHostLink &operator=(const SameHostLink &) = delete;
 
     // The accepting end: a sealed memfd with rings of ring0 (its bytes) and ring1 (the peer's)
-    // bytes, powers of two within kMinRing..kMaxRing. *memfd is the caller's to send and close.
-    static int create(uint64_t ring0, uint64_t ring1, int *memfd,
+    // bytes, each able to grow to cap0 and cap1 (the region's size), powers of two within
+    // kMinRing..kMaxRing. *memfd is the caller's to send and close.
+    static int create(uint64_t ring0, uint64_t ring1, uint64_t cap0, uint64_t cap1, int *memfd,
                       std::unique_ptr<SameHostLink> *out);
+    static int create(uint64_t ring0, uint64_t ring1, int *memfd,
+                      std::unique_ptr<SameHostLink> *out)
+    {
+        return create(ring0, ring1, ring0, ring1, memfd, out);
+    }
     // The connecting end: maps a memfd the peer sent after checking its seals, size and header.
     // -EPROTO for anything a well-behaved peer would not send.
     static int attach(int memfd, std::unique_ptr<SameHostLink> *out);
@@ -100,8 +121,17 @@ public:
     // In a fork child: the link is the parent's; its fds are closed here, its calls fail (EIO).
     void forgetAfterFork();
     int fd() const { return sleepFd_; }
-    uint64_t sendRing() const { return txSize_; }
-    uint64_t recvRing() const { return rxSize_; }
+    // The rings' sizes now (the send ring's as this end grew it, the receive ring's as this end
+    // has learnt of its growth).
+    uint64_t sendRing() const { return txSize_.load(std::memory_order_acquire); }
+    uint64_t recvRing() const { return rxSize_.load(std::memory_order_acquire); }
+    // Sender side: the send ring may grow to upTo bytes (rounded up to a power of two, at most
+    // the region's capacity), once, when a write finds it full; 0: it keeps its size (SO_SNDBUF
+    // set, as Linux stops growing a buffer whose size was set).
+    void allowGrowth(uint64_t upTo);
+    uint64_t sendRingMax() const { return txCap_; }
+    // Whether a write into the full ring would grow it (write() grows it then).
+    bool canGrow() const { return txGrowTo_.load(std::memory_order_relaxed) != 0; }
 
     // Sender side (one sender at a time): copies up to len bytes from the iovecs, skip bytes in,
     // into the ring; returns the bytes copied (0 when the ring is full or the link failed).
@@ -141,7 +171,7 @@ public:
     int arm(bool read, uint64_t room, bool *drained, Drain mode = Drain::Always);
     // The room a writer waits for: a third of the ring, when poll reports POLLOUT (as Linux's
     // sk_stream_is_writeable), and when a blocking send goes on.
-    uint64_t writableRoom() const { return (txSize_ + 2) / 3; }
+    uint64_t writableRoom() const { return (sendRing() + 2) / 3; }
     // Reads the wake-up bytes now and then even without sleeping, so that a peer that went is
     // noticed by a program that only polls without blocking (bounded: once a millisecond).
     // true: bytes were read, which sleepers on fd() may have been woken for (as arm()).
@@ -178,6 +208,14 @@ private:
     // The link's error, or -ECONNRESET for the peer's reset, else 0; *flags: the peer's flags.
     int failure(uint64_t *flags);
     bool drain(); // true: bytes were read, or the peer went
+    // The tail the producer may reach with the peer's head at head (the ring's geometry).
+    uint64_t txMaxTail(uint64_t head) const;
+    // The same for the receive direction, as this end knows it: the peer's growth is taken on
+    // (checked) once it is published; 0 after a bad one (the link failed).
+    uint64_t rxMaxTail(uint64_t head);
+    bool adoptRxGrowth();
+    void grow(uint64_t tail);
+    void copyOut(uint64_t head, const iovec *iov, int iovcnt, size_t skip, size_t n);
 
     uint8_t *mem_ = nullptr;
     size_t memSize_ = 0;
@@ -187,8 +225,13 @@ private:
     shm::DirCtl *rx_ = nullptr; // this end consumes
     uint8_t *txRing_ = nullptr;
     uint8_t *rxRing_ = nullptr;
-    uint64_t txSize_ = 0;
-    uint64_t rxSize_ = 0;
+    // The rings' first sizes and the most they may grow to (set up once), their sizes now, and
+    // the positions from which the grown sizes apply (stored before the size: read after it).
+    uint64_t txInit_ = 0, rxInit_ = 0, txCap_ = 0, rxCap_ = 0;
+    std::atomic<uint64_t> txSize_{0}, rxSize_{0};
+    std::atomic<uint64_t> txGrowAt_{0}, rxGrowAt_{0};
+    std::atomic<uint64_t> txGrowTo_{0}; // the size a full send ring grows to; 0: none
+    std::mutex rxGrowMutex_;            // lookers taking on the peer's growth
     // This end's own copies: the peer never writes these.
     std::atomic<uint64_t> txTail_{0};      // sender: what it copied in
     std::atomic<uint64_t> txPublished_{0}; // what the peer may read (tail in the region)

@@ -64,6 +64,9 @@ void Connection::shConnectedLocked()
     // goes), so it is not progressed, armed, or watched.
     armed_.store(false, std::memory_order_relaxed);
     shFd_.store(sh_->fd(), std::memory_order_release);
+    // The send ring grows with use as far as the settings let a ring grow, unless its size was
+    // set (SO_SNDBUF: sendBufMax is then sendBuf).
+    sh_->allowGrowth(settings_.sendBufMax > settings_.sendBuf ? settings_.sendBufMax : 0);
     changed_ = true;
     wakeSleepersLocked();
     if (userTimeoutNs_) // set before the connection was (shTimerLocked())
@@ -243,7 +246,8 @@ ssize_t Connection::shSendv(const iovec *iov, int iovcnt, int flags, int64_t dea
             return sent ? static_cast<ssize_t>(sent) : space;
         if (total == 0)
             return 0;
-        if (space > 0) {
+        // A full ring that may still grow does so at this write (SameHostLink::write()).
+        if (space > 0 || (space == 0 && sh_->canGrow())) {
             const size_t n = sh_->write(iov, iovcnt, sent, total - sent, hold);
             sent += n;
             bytesSent_.fetch_add(n, std::memory_order_relaxed);

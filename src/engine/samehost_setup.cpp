@@ -428,14 +428,14 @@ void SameHostOffer::closeSent()
         closeOne(fd);
 }
 
-int SameHostOffer::open(const std::string &name, uint64_t ringSize)
+int SameHostOffer::open(const std::string &name, const SameHostRings &rings)
 {
     sockaddr_un a;
     const socklen_t len = abstractAddress(name, &a);
-    return len ? open(a, len, ringSize) : -ENAMETOOLONG;
+    return len ? open(a, len, rings) : -ENAMETOOLONG;
 }
 
-int SameHostOffer::open(const sockaddr_un &a, socklen_t len, uint64_t ringSize)
+int SameHostOffer::open(const sockaddr_un &a, socklen_t len, const SameHostRings &rings)
 {
     if (sock_ >= 0 || link_)
         return -EISCONN;
@@ -450,7 +450,7 @@ int SameHostOffer::open(const sockaddr_un &a, socklen_t len, uint64_t ringSize)
     }
     int memfd = -1;
     std::unique_ptr<SameHostLink> link;
-    r = SameHostLink::create(ringSize, ringSize, &memfd, &link);
+    r = SameHostLink::create(rings.ring, rings.ring, rings.sendCap, rings.recvCap, &memfd, &link);
     if (r < 0) {
         closeSent();
         return r;
@@ -507,20 +507,26 @@ int SameHostOffer::send(uint64_t token)
     return n == sizeof(token) ? 0 : (n < 0 ? static_cast<int>(n) : -EIO);
 }
 
-uint64_t sameHostRingSize(const Settings &settings)
+SameHostRings sameHostRings(const Settings &settings)
 {
-    return std::bit_ceil(std::clamp<uint64_t>(std::max(settings.sendBuf, settings.recvBuf),
-                                              kSameHostRing, shm::kMaxRing / 16));
+    constexpr uint64_t kMax = shm::kMaxRing / 16;
+    SameHostRings r;
+    r.ring = std::bit_ceil(
+        std::clamp<uint64_t>(std::max(settings.sendBuf, settings.recvBuf), kSameHostRing, kMax));
+    r.sendCap = std::bit_ceil(std::clamp<uint64_t>(settings.sendBufMax, r.ring, kMax));
+    r.recvCap = std::bit_ceil(std::clamp<uint64_t>(settings.recvBufMax, r.ring, kMax));
+    return r;
 }
 
-int acceptSameHost(const wire::Hello &peer, uint64_t ringSize, std::unique_ptr<SameHostLink> *out)
+int acceptSameHost(const wire::Hello &peer, const SameHostRings &rings,
+                   std::unique_ptr<SameHostLink> *out)
 {
     if (!peer.token || !peer.inbox || peer.hostKey != sameHostKey())
         return -EXDEV;
     sockaddr_un a;
     const socklen_t len = inboxAddress(peer.inbox, &a);
     SameHostOffer offer;
-    int r = offer.open(a, len, ringSize);
+    int r = offer.open(a, len, rings);
     if (r == 0)
         r = offer.send(peer.token);
     if (r < 0) {

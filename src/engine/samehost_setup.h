@@ -33,10 +33,18 @@ void offerSameHost(wire::Hello *hello);
 
 // The accepting end, for a peer's hello with an offer: the region and socket, sent to the peer's
 // inbox. -errno: the offer is declined (the connection stays on the fabric).
-int acceptSameHost(const wire::Hello &peer, uint64_t ringSize, std::unique_ptr<SameHostLink> *out);
+// The rings of a link made for a connection with these settings: the size both start at, and
+// the most its maker's send ring and receive ring may grow to (the region reserves that much).
+struct SameHostRings
+{
+    uint64_t ring = 0;
+    uint64_t sendCap = 0;
+    uint64_t recvCap = 0;
+};
+SameHostRings sameHostRings(const Settings &settings);
 
-// The ring size of a link made for a connection with these settings (each direction).
-uint64_t sameHostRingSize(const Settings &settings);
+int acceptSameHost(const wire::Hello &peer, const SameHostRings &rings,
+                   std::unique_ptr<SameHostLink> *out);
 
 // The in-band setup of the preload shim (upgrade_wire.h), where the server's process is not
 // the one that offered: the server's process makes its inbox answer to name too (an abstract
@@ -57,8 +65,8 @@ public:
     SameHostOffer &operator=(const SameHostOffer &) = delete;
 
     // -errno: nothing listens at name (ECONNREFUSED), or no memory, pipes or descriptors.
-    int open(const std::string &name, uint64_t ringSize);
-    int open(const sockaddr_un &addr, socklen_t len, uint64_t ringSize);
+    int open(const std::string &name, const SameHostRings &rings);
+    int open(const sockaddr_un &addr, socklen_t len, const SameHostRings &rings);
     // This end of the link, once open() succeeded.
     std::unique_ptr<SameHostLink> takeLink() { return std::move(link_); }
     // Who listens where open() connected (the process that bound the name, as it was then), for

@@ -27,6 +27,8 @@
 namespace rstream {
 namespace {
 
+const SameHostRings kRings{256 * 1024, 256 * 1024, 256 * 1024};
+
 class SameHostInbox : public SameHostTest
 {};
 // A UNIX stream socket connected to this process's inbox, as any local process can make one.
@@ -161,7 +163,7 @@ TEST_F(SameHostInbox, ALinkSentToANameTheInboxAnswersToCarriesAConnection)
     const std::string name = "rstream-test-up/" + std::to_string(getpid());
     {
         SameHostOffer nobody;
-        EXPECT_EQ(nobody.open(name, 256 * 1024), -ECONNREFUSED); // nothing answers there yet
+        EXPECT_EQ(nobody.open(name, kRings), -ECONNREFUSED); // nothing answers there yet
     }
     ASSERT_EQ(addSameHostName(name), 0);
     EXPECT_EQ(addSameHostName(name), -EADDRINUSE);
@@ -173,7 +175,7 @@ TEST_F(SameHostInbox, ALinkSentToANameTheInboxAnswersToCarriesAConnection)
     close(forged);
 
     SameHostOffer offer;
-    ASSERT_EQ(offer.open(name, 256 * 1024), 0);
+    ASSERT_EQ(offer.open(name, kRings), 0);
     sockaddr_in client{}, server{};
     client.sin_family = server.sin_family = AF_INET;
     client.sin_addr.s_addr = server.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -213,7 +215,7 @@ TEST_F(SameHostInbox, ALinkSentToANameTheInboxAnswersToCarriesAConnection)
     EXPECT_EQ(a.recv(buf, sizeof(buf), 0, 5000), 0);
     // Made once: a connected connection takes no other link.
     SameHostOffer again;
-    ASSERT_EQ(again.open(name, 256 * 1024), 0);
+    ASSERT_EQ(again.open(name, kRings), 0);
     EXPECT_EQ(a.adoptSameHost(again.takeLink(), reinterpret_cast<sockaddr *>(&client),
                               sizeof(client), reinterpret_cast<sockaddr *>(&server),
                               sizeof(server)),
@@ -250,7 +252,7 @@ TEST_F(SameHostInbox, ALinksArrivalWakesAPollerWaitingForIt)
     });
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     SameHostOffer other;
-    ASSERT_EQ(other.open(name, 256 * 1024), 0);
+    ASSERT_EQ(other.open(name, kRings), 0);
     ASSERT_EQ(other.send(token + 1), 0);
     sleeper.join();
     EXPECT_GT(woke.load(), 0) << "the link's arrival did not wake the poller";
@@ -259,7 +261,7 @@ TEST_F(SameHostInbox, ALinksArrivalWakesAPollerWaitingForIt)
     EXPECT_EQ(poll(fds.data(), fds.size(), 0), 0) << "still readable after the look";
 
     SameHostOffer mine;
-    ASSERT_EQ(mine.open(name, 256 * 1024), 0);
+    ASSERT_EQ(mine.open(name, kRings), 0);
     ASSERT_EQ(mine.send(token), 0);
     ASSERT_EQ(poll(fds.data(), fds.size(), 5000), 1);
     fds.clear();

@@ -436,7 +436,9 @@ TEST_F(SameHost, BlockedWriterWakesForAThirdOfTheRing)
         auto [c, s] = pair();
         ASSERT_TRUE(c && s);
         SameHostLink *reader = s->testSameHostLink();
-        const uint64_t ring = reader->recvRing();
+        // The ring grows once the writer fills it: what it waits in is the grown ring.
+        const uint64_t ring = c->testSameHostLink()->sendRingMax();
+        ASSERT_GT(ring, reader->recvRing());
         std::vector<uint8_t> out(ring + 4096), in(out.size());
         for (size_t i = 0; i < out.size(); i++)
             out[i] = uint8_t(i * 7 + 1);
