@@ -355,7 +355,7 @@ bool SameHostLink::drain()
     return any;
 }
 
-int SameHostLink::arm(bool read, uint64_t room, bool *drained, Drain mode)
+int SameHostLink::arm(bool read, uint64_t room, bool *drained, Drain mode, bool roomMatters)
 {
     *drained = false;
     if (sleepFd_ < 0)
@@ -392,13 +392,14 @@ int SameHostLink::arm(bool read, uint64_t room, bool *drained, Drain mode)
     // peer wakes it once there is that much (the word above). A writer waiting for a third of a
     // ring that its peer read 64 B at a time looked again at each read, two reads of its pipes
     // each (iperf3 -l 64: 186,000 a second). Without a wait for room (none wanted, or there is
-    // enough already) a head that moved is looked at, as is one out of range (reset there).
+    // enough already) a head that moved is looked at, as is one out of range (reset there),
+    // unless the caller only waits to read (its next send checks the head).
     const uint64_t head = tx_->head.v.load(std::memory_order_acquire);
     const uint64_t tail = txTail_.load(std::memory_order_relaxed);
     const uint64_t max = head <= tail ? txMaxTail(head) : 0;
-    const bool roomCame =
-        head != seenHead_ && (!room || head < seenHead_ || head > tail ||
-                              (max > tail ? max - tail : 0) >= std::min(room, size));
+    const bool roomCame = roomMatters && head != seenHead_ &&
+                          (!room || head < seenHead_ || head > tail ||
+                           (max > tail ? max - tail : 0) >= std::min(room, size));
     if (rx_->tail.v.load(std::memory_order_acquire) != seenTail_ || roomCame ||
         (seenFlags_ | f) != seenFlags_ || peerGone_.load(std::memory_order_acquire) != seenGone_ ||
         err_.load(std::memory_order_acquire) != seenErr_)

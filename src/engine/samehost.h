@@ -168,7 +168,10 @@ public:
         Always,
         IfOwed
     };
-    int arm(bool read, uint64_t room, bool *drained, Drain mode = Drain::Always);
+    // roomMatters: whether the peer's reads are a change to look at (a caller that only waits
+    // to read sleeps through them).
+    int arm(bool read, uint64_t room, bool *drained, Drain mode = Drain::Always,
+            bool roomMatters = true);
     // The room a writer waits for: a third of the ring, when poll reports POLLOUT (as Linux's
     // sk_stream_is_writeable), and when a blocking send goes on.
     uint64_t writableRoom() const { return (sendRing() + 2) / 3; }

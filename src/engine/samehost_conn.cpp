@@ -206,7 +206,11 @@ int Connection::shWaitFor(int events, int64_t deadlineNs)
             const uint64_t room = (events & kSendDrained) ? sh_->sendRing()
                                   : (events & kWritable)  ? sh_->writableRoom()
                                                           : 0;
-            r = sh_->arm(events & (kReadable | kSendDrained), room, &drained);
+            // A wait to read only sleeps through the peer's reads of what this end sent (a
+            // server that answered a request would look again when its client took the
+            // answer: a second read of the pipe per request).
+            r = sh_->arm(events & (kReadable | kSendDrained), room, &drained,
+                         SameHostLink::Drain::Always, (events & (kWritable | kSendDrained)) != 0);
             if (drained) {
                 changed_ = true;
                 wakeSleepersLocked();
@@ -293,7 +297,13 @@ ssize_t Connection::shRecvv(const iovec *iov, int iovcnt, int flags, int64_t dea
             if (state_ == State::Accepting)
                 progressLocked();
             shReleaseFabricLocked();
-            state = shNoticeLocked(shRecvStateLocked());
+            state = shRecvStateLocked();
+            // A read that would sleep learns of a peer that went from its sleep (the pipe ends);
+            // one that does not sleep asks now and then (a blocking server that found nothing
+            // read the pipe for nothing about once a millisecond: every other request at 1,000
+            // a second).
+            if (flags & kNonBlock)
+                state = shNoticeLocked(state);
         }
         if (state > 0 && total > 0) {
             // MSG_PEEK with MSG_WAITALL waits until the whole length can be peeked.

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <string>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 
@@ -128,6 +129,43 @@ TEST_F(SameHostWake, APollerWaitingForRoomSleepsThroughSmallReads)
     EXPECT_EQ(c->arm(&seq, true), -EAGAIN);
     c->peek(&recv, &send);
     EXPECT_GE(uint64_t(send), third);
+}
+
+// A server that answers requests a millisecond apart with blocking reads sleeps on its link's
+// pipe and reads it once per request: the wake-up byte. Its look before sleeping used to count
+// its client's read of the answer as a change (a second arm, a second read), and its read that
+// found nothing asked the pipe about a peer that went about once a millisecond (what a read
+// that does not sleep needs; one that sleeps learns it from the pipe): near two reads a request.
+TEST_F(SameHostWake, ABlockingServerReadsItsPipeOncePerRequest)
+{
+    auto [c, s] = pair();
+    ASSERT_TRUE(c && s);
+    SameHostLink *link = s->testSameHostLink();
+    ASSERT_NE(link, nullptr);
+    constexpr int kRequests = 200;
+    std::thread server([&, &s = s] {
+        char buf[64];
+        for (int i = 0; i < kRequests; i++) {
+            if (s->recv(buf, sizeof(buf), kWaitAll, 5000) != ssize_t(sizeof(buf)) ||
+                s->send(buf, sizeof(buf)) != ssize_t(sizeof(buf)))
+                return;
+        }
+    });
+    char req[64] = {}, ans[64];
+    for (int i = 0; i < 3; i++) { // the setup's wake-ups read
+        ASSERT_EQ(c->send(req, sizeof(req)), ssize_t(sizeof(req)));
+        ASSERT_EQ(c->recv(ans, sizeof(ans), kWaitAll, 5000), ssize_t(sizeof(ans)));
+    }
+    const uint64_t before = link->testWakeReads();
+    for (int i = 3; i < kRequests; i++) {
+        usleep(1000);
+        ASSERT_EQ(c->send(req, sizeof(req)), ssize_t(sizeof(req)));
+        ASSERT_EQ(c->recv(ans, sizeof(ans), kWaitAll, 5000), ssize_t(sizeof(ans)));
+    }
+    server.join();
+    const uint64_t reads = link->testWakeReads() - before, requests = kRequests - 3;
+    EXPECT_LE(reads, requests + requests / 10)
+        << "reads of the pipe for " << requests << " requests";
 }
 
 } // namespace
