@@ -385,9 +385,10 @@ uint32_t sameHostKey()
     struct stat st;
     if (boot.empty() || stat("/proc/self/ns/net", &st) < 0)
         return 0;
-    // And the setup's format (kArrivalFds: what an inbox takes), so that two builds that set
-    // links up differently never offer each other one: their connections stay on the fabric.
-    const uint32_t format = kArrivalFds;
+    // And the setup's format (kArrivalFds: what an inbox takes, and the region's version), so
+    // that two builds that set links up differently never offer each other one: their
+    // connections stay on the fabric.
+    const uint32_t format = kArrivalFds | shm::kVersion << 8;
     uint32_t h = fnv(2166136261u, boot.data(), boot.size());
     h = fnv(h, &format, sizeof(format));
     h = fnv(h, &st.st_dev, sizeof(st.st_dev));
