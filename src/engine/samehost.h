@@ -204,6 +204,9 @@ public:
 private:
     SameHostLink() = default;
     int mapRegion(int memfd, size_t size);
+    // Points this end at the region's two directions with the sizes it checked; mine: the
+    // direction it produces (0: the maker's).
+    void placeRings(int mine, uint64_t ring0, uint64_t ring1, uint64_t cap0, uint64_t cap1);
     void corrupt(const char *what);
     void wakePeer();
     void publish(uint64_t pos); // the peer may read up to pos

@@ -112,19 +112,29 @@ int SameHostLink::create(uint64_t ring0, uint64_t ring1, uint64_t cap0, uint64_t
     h->ringSize[1] = ring1;
     h->ringCap[0] = cap0;
     h->ringCap[1] = cap1;
-    link->tx_ = &h->dir[0];
-    link->rx_ = &h->dir[1];
-    link->txRing_ = link->mem_ + shm::kHeaderBytes;
-    link->rxRing_ = link->txRing_ + cap0;
-    link->txInit_ = ring0;
-    link->rxInit_ = ring1;
-    link->txCap_ = cap0;
-    link->rxCap_ = cap1;
-    link->txSize_.store(ring0);
-    link->rxSize_.store(ring1);
+    link->placeRings(0, ring0, ring1, cap0, cap1);
     *memfd = fd;
     *out = std::move(link);
     return 0;
+}
+
+void SameHostLink::placeRings(int mine, uint64_t ring0, uint64_t ring1, uint64_t cap0,
+                              uint64_t cap1)
+{
+    auto *h = reinterpret_cast<shm::Header *>(mem_);
+    const uint64_t ring[2] = {ring0, ring1}, cap[2] = {cap0, cap1};
+    uint8_t *area[2] = {mem_ + shm::kHeaderBytes, mem_ + shm::kHeaderBytes + cap0};
+    const int theirs = 1 - mine;
+    tx_ = &h->dir[mine];
+    rx_ = &h->dir[theirs];
+    txRing_ = area[mine];
+    rxRing_ = area[theirs];
+    txInit_ = ring[mine];
+    rxInit_ = ring[theirs];
+    txCap_ = cap[mine];
+    rxCap_ = cap[theirs];
+    txSize_.store(ring[mine]);
+    rxSize_.store(ring[theirs]);
 }
 
 int SameHostLink::attach(int memfd, std::unique_ptr<SameHostLink> *out)
@@ -152,17 +162,7 @@ int SameHostLink::attach(int memfd, std::unique_ptr<SameHostLink> *out)
         !validRing(ring1) || !validRing(cap0) || !validRing(cap1) || cap0 < ring0 || cap1 < ring1 ||
         shm::kHeaderBytes + cap0 + cap1 != size)
         return -EPROTO;
-    auto *hdr = reinterpret_cast<shm::Header *>(link->mem_);
-    link->tx_ = &hdr->dir[1];
-    link->rx_ = &hdr->dir[0];
-    link->rxRing_ = link->mem_ + shm::kHeaderBytes;
-    link->txRing_ = link->rxRing_ + cap0;
-    link->rxInit_ = ring0;
-    link->txInit_ = ring1;
-    link->rxCap_ = cap0;
-    link->txCap_ = cap1;
-    link->rxSize_.store(ring0);
-    link->txSize_.store(ring1);
+    link->placeRings(1, ring0, ring1, cap0, cap1);
     *out = std::move(link);
     return 0;
 }
