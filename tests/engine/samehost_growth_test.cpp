@@ -87,6 +87,25 @@ TEST_F(SameHostGrowth, AFullRingGrowsOnceAndKeepsItsBytesInOrder)
     EXPECT_EQ(w->sendRing(), most);
 }
 
+// A ring filled exactly (no write found it short of room) grows at the next write, which finds
+// no room at all: a send that met a full ring used to wait (or fail with EAGAIN) without
+// trying, and iperf3's 128 KiB writes into a 256 KiB ring never grew it.
+TEST_F(SameHostGrowth, AWriteIntoAnExactlyFullRingGrowsIt)
+{
+    auto [c, s] = pair();
+    ASSERT_TRUE(c && s);
+    SameHostLink *w = c->testSameHostLink();
+    const uint64_t first = w->sendRing();
+    const auto data = pattern(first + 1000, 4);
+    ASSERT_EQ(c->send(data.data(), first, kNonBlock), ssize_t(first));
+    EXPECT_EQ(w->sendRing(), first);
+    ASSERT_EQ(c->send(data.data() + first, 1000, kNonBlock), 1000);
+    EXPECT_EQ(w->sendRing(), w->sendRingMax());
+    std::vector<uint8_t> got(data.size());
+    ASSERT_EQ(s->recv(got.data(), got.size(), kWaitAll, 5000), ssize_t(got.size()));
+    EXPECT_EQ(got, data);
+}
+
 // A bulk transfer with both ends busy: the ring fills wherever the reader's head is, grows, and
 // every byte arrives in order.
 TEST_F(SameHostGrowth, ABulkWriterGrowsTheRingUnderABusyReader)
