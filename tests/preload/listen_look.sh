@@ -9,17 +9,25 @@ set -euo pipefail
 prog=$1
 lib=$2
 export RSTREAM_PROVIDER=${RSTREAM_PROVIDER:-tcp}
-unset RSTREAM_SAME_HOST RSTREAM_STATS LD_PRELOAD
+unset RSTREAM_SAME_HOST RSTREAM_STATS RSTREAM_PORT_OFFSET LD_PRELOAD
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # shellcheck source-path=SCRIPTDIR source=../lib/fail.sh
 . "$(dirname "$0")/../lib/fail.sh"
+# shellcheck source-path=SCRIPTDIR source=../lib/ports.sh
+. "$(dirname "$0")/../lib/ports.sh"
+# Ports whose fabric port (20000 above, the shim's default on tcp) is free as well: with an
+# ephemeral port, the fabric port was sometimes taken beside other tests, and the listener
+# stayed on kernel TCP (port_busy).
+offset=20000
 
 echo "without the shim:"
-timeout 60 "$prog" 20000
+port=$(pick_port "$offset" 20001) || fail "no free port"
+timeout 60 "$prog" 20000 "$port"
 echo "with the shim, traced:"
+port=$(pick_port "$offset" 20001) || fail "no free port"
 timeout 120 strace -f -qq -e trace=epoll_wait -o "$work/trace" -E LD_PRELOAD="$lib" \
-	-E RSTREAM_STATS="$work/stats.json" "$prog" 20000 >"$work/out"
+	-E RSTREAM_STATS="$work/stats.json" "$prog" 20000 "$port" >"$work/out"
 cat "$work/out"
 grep -q '"same_host_connections": 4,' "$work/stats.json" ||
 	fail "expected 4 same-host connection ends: $(cat "$work/stats.json")"

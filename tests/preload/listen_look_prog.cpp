@@ -48,6 +48,8 @@ int main(int argc, char **argv)
     sockaddr_in6 any{};
     any.sin6_family = AF_INET6;
     any.sin6_addr = in6addr_any;
+    // The port the script picked (its fabric port free too); an ephemeral one's may be taken.
+    any.sin6_port = htons(argc > 2 ? uint16_t(atoi(argv[2])) : 0);
     socklen_t len = sizeof(any);
     if (bind(l, reinterpret_cast<sockaddr *>(&any), sizeof(any)) < 0 || listen(l, 4) < 0 ||
         getsockname(l, reinterpret_cast<sockaddr *>(&any), &len) < 0) {
