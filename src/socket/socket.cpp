@@ -137,7 +137,15 @@ int Socket::listen(int backlog)
     Settings s;
     applySettings(&s);
     auto listener = std::make_shared<Listener>(s);
-    releaseProbe(); // the fabric endpoint takes the port over
+    // The fabric endpoint takes the port over. The probe holds it until the endpoint is bound
+    // there: a port nobody held for a moment could become a connection's local one, and a
+    // listen fails on such a port (EADDRINUSE) where the program's bind had succeeded. The
+    // endpoint binds with SO_REUSEADDR; the probe, which never listens, lets it through once it
+    // has the option too.
+    if (probeFd_ >= 0) {
+        const int one = 1;
+        sys::setsockopt(probeFd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    }
     sockaddr_storage addr{};
     socklen_t len;
     if (boundLen_) {
@@ -155,6 +163,7 @@ int Socket::listen(int backlog)
         len = sizeof(sockaddr_in6);
     }
     int ret = listener->bind(reinterpret_cast<sockaddr *>(&addr), len);
+    releaseProbe();
     if (ret == 0)
         ret = listener->listen(backlog);
     if (ret < 0)
