@@ -166,4 +166,13 @@ int addressPort(const sockaddr *addr)
     return 0;
 }
 
+void setAddressPort(sockaddr *addr, int port)
+{
+    const uint16_t p = htons(static_cast<uint16_t>(port));
+    if (addr && addr->sa_family == AF_INET)
+        std::memcpy(reinterpret_cast<char *>(addr) + offsetof(sockaddr_in, sin_port), &p, 2);
+    else if (addr && addr->sa_family == AF_INET6)
+        std::memcpy(reinterpret_cast<char *>(addr) + offsetof(sockaddr_in6, sin6_port), &p, 2);
+}
+
 } // namespace rstream

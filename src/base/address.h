@@ -18,5 +18,7 @@ std::string addressText(const sockaddr *addr);
 std::string hostText(const sockaddr *addr);
 // The port in host byte order, 0 for another family.
 int addressPort(const sockaddr *addr);
+// Sets the port (host byte order) of an AF_INET or AF_INET6 address; others are left alone.
+void setAddressPort(sockaddr *addr, int port);
 
 } // namespace rstream

@@ -72,6 +72,29 @@ void boundRequestReads(int waitFd, const sockaddr_storage &addr, socklen_t addrL
                  "middle of a connection request holds this listener until it goes");
 }
 
+// A port the kernel would give a listening socket of its own at addr's address (one no
+// socket holds: without SO_REUSEADDR, a bind to port 0 skips ports that connections use), or
+// -errno. The probe is closed at once; the caller binds there.
+int freeListenPort(const void *addr)
+{
+    const auto *sa = static_cast<const sockaddr *>(addr);
+    if (!sa || (sa->sa_family != AF_INET && sa->sa_family != AF_INET6))
+        return -EAFNOSUPPORT;
+    sockaddr_storage probe{};
+    const socklen_t len = sa->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    std::memcpy(&probe, sa, len);
+    setAddressPort(reinterpret_cast<sockaddr *>(&probe), 0);
+    const int fd = sys::socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return fd;
+    socklen_t l = sizeof(probe);
+    int ret = sys::bind(fd, reinterpret_cast<sockaddr *>(&probe), len);
+    if (ret == 0)
+        ret = sys::getsockname(fd, reinterpret_cast<sockaddr *>(&probe), &l);
+    sys::close(fd);
+    return ret < 0 ? ret : addressPort(reinterpret_cast<sockaddr *>(&probe));
+}
+
 } // namespace
 
 Listener::Listener(const Settings &settings) : settings_(settings)
@@ -138,18 +161,28 @@ int Listener::listen(int backlog)
         return 0;
     const bool requestedPortZero = addressPort(reinterpret_cast<const sockaddr *>(&addr_)) == 0;
     int ret = fi_listen(pep_);
-    // Bound to port 0, the kernel may hand the endpoint a port that a connection uses as its
-    // local one (SO_REUSEADDR lets the bind through, not the listen): the rsocket tests met
-    // EADDRINUSE so under load. Another port then, as the kernel's own listen to port 0 would
-    // have chosen one that can listen.
-    for (int i = 0; ret && fiErr(ret) == -EIO && requestedPortZero && i < 4; i++) {
-        RS_LOG(Debug, "listener: the port chosen could not listen: another");
+    // Bound to port 0, the provider's socket (SO_REUSEADDR) may be handed a port that one of
+    // its connections uses as its local one: the bind goes through, the listen fails with
+    // EADDRINUSE (the rsocket tests met it beside other tests). A port the kernel would give a
+    // listening socket of its own can listen: ask for one without SO_REUSEADDR and bind there.
+    for (int i = 0; ret && requestedPortZero && i < 4; i++) {
+        const int err = fiErr(ret);
+        if (err != -EADDRINUSE && err != -EIO)
+            break;
+        const int port = freeListenPort(info_->src_addr);
+        if (port <= 0)
+            break;
+        RS_LOG(Debug, "listener: the port chosen could not listen: port %d instead", port);
+        setAddressPort(static_cast<sockaddr *>(info_->src_addr), port);
         pep_.reset();
         ret = fi_passive_ep(domain_->fabric(), info_, pep_.out(), this);
         if (ret == 0)
             ret = fi_pep_bind(pep_, &eq_->fid, 0);
         if (ret == 0)
             ret = fi_listen(pep_);
+        // Another program may take the port between the probe and the bind: try again.
+        if (ret)
+            setAddressPort(static_cast<sockaddr *>(info_->src_addr), 0);
     }
     if (ret) {
         ret = fiErr(ret);

@@ -70,6 +70,22 @@ TEST(Address, UnknownIsADash)
     EXPECT_EQ(addressPort(sa(un)), 0);
 }
 
+TEST(Address, SetsThePortOfEitherFamilyAndNothingElse)
+{
+    auto a = v4("192.0.2.5", 0);
+    setAddressPort(reinterpret_cast<sockaddr *>(&a), 40001);
+    EXPECT_EQ(addressText(sa(a)), "192.0.2.5:40001");
+    auto b = v6("2001:db8::7", 80);
+    setAddressPort(reinterpret_cast<sockaddr *>(&b), 0);
+    EXPECT_EQ(addressText(sa(b)), "[2001:db8::7]:0");
+    sockaddr_storage un{};
+    un.ss_family = AF_UNIX;
+    const sockaddr_storage before = un;
+    setAddressPort(reinterpret_cast<sockaddr *>(&un), 80);
+    EXPECT_EQ(std::memcmp(&un, &before, sizeof(un)), 0);
+    setAddressPort(nullptr, 80);
+}
+
 TEST(Address, FormatCutsToTheBufferWithoutOverrun)
 {
     auto a = v6("2001:db8:1234:5678:9abc:def0:1234:5678", 65535);
