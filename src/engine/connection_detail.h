@@ -76,6 +76,9 @@ inline void copyRing(uint8_t *ring, uint64_t ringSize, uint64_t off, const iovec
 
 constexpr uint32_t kTxReserve = 2; // queue entries kept for control sends
 constexpr uint64_t kCoalesceMax = 16 * 1024;
+// The most a write may carry whole, past the ring's chunk size, when all of it fits the peer's
+// ring and nothing is in flight (flushLocked).
+constexpr uint64_t kWholeWriteMax = 64 * 1024;
 // A receive slot that can take an IOMAP message: in iWarp mode the word and then the record.
 constexpr size_t kRecordMsgBytes = sizeof(uint32_t) + wire::kIoMapRecordSize;
 constexpr size_t kRecordSlotBytes = (kRecordMsgBytes + 7) & ~size_t(7);
