@@ -4,18 +4,21 @@
 
 #include <arpa/inet.h>
 #include <cstdio>
+#include <cstdlib>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-int main()
+int main(int argc, char **argv)
 {
     int l = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    // The port the script picked (its fabric port free too); an ephemeral one's may be taken.
+    a.sin_port = htons(argc > 1 ? static_cast<uint16_t>(std::atoi(argv[1])) : 0);
     socklen_t len = sizeof(a);
     if (bind(l, reinterpret_cast<sockaddr *>(&a), sizeof(a)) < 0 || listen(l, 4) < 0 ||
         getsockname(l, reinterpret_cast<sockaddr *>(&a), &len) < 0) {
