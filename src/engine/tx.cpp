@@ -209,6 +209,7 @@ void Connection::flushLocked(bool force, bool uncork)
     if (corked && corkSinceNs_ && nowNs() - corkSinceNs_ >= kCorkMaxNs)
         corked = false;
     corkHeld_ = false;
+    bool postedAny = false;
     while (tx_.unsent() > 0 && peer_.canSendData() && txOps_.hasRoom(opsPerChunk + kTxReserve)) {
         if (corked && tx_.unsent() < maxChunk) {
             corkHeld_ = true;
@@ -291,12 +292,19 @@ void Connection::flushLocked(bool force, bool uncork)
         peer_.onDataSent(len);
         txOps_.countWrite();
         bytesSent_.fetch_add(len, std::memory_order_relaxed);
+        postedAny = true;
         if (inject) {
             if (!injectLeft)
                 txOps_.onInject(op);
             onTxCompleteLocked(&op);
         }
     }
+    // The idle timer of the send ring runs from the last bytes sent, whoever sent them: the
+    // rest of a send that waited for the peer's credit goes out from the progress thread, after
+    // the application's last call (the timer was armed only there, and a 64 KiB send that
+    // needed no wait after its first write kept its ring for good).
+    if (postedAny)
+        armRingTimerLocked();
     if (tx_.unsent() == 0) {
         corkSinceNs_ = 0;
         if (closing_ && !disconnectSent_) {
