@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <sys/socket.h>
 #include <time.h>
 #include <vector>
 
@@ -57,11 +58,94 @@ inline const char *testName(Test test)
     return test == Test::Bandwidth ? "bw" : "lat";
 }
 
+// The rr test: a client opens `conns` connections from one thread and keeps one request of
+// `size` bytes outstanding on each; the server answers each with a reply of the same size.
+enum class RrCq : uint8_t
+{
+    None = 0,   // kernel sockets; for a raw server: take the client's
+    Own = 1,    // raw: one CQ per connection
+    Shared = 2, // raw: one CQ for all the connections of the process
+};
+
+constexpr uint32_t kRrMaxSize = 1u << 20;
+constexpr uint32_t kRrMaxConns = 4096;
+// A uniform sample of this many round trips gives the percentiles.
+constexpr size_t kRrSamples = 1u << 18;
+// How long a server waits for a new connection's hello, and for the rest of a run's.
+constexpr int64_t kRrHelloNs = 10'000'000'000;
+
+struct RrOptions
+{
+    std::string host; // client: the server; server: the address to bind
+    uint16_t port = kDefaultPort;
+    bool raw = false;
+    RrCq cq = RrCq::None;
+    uint32_t size = 0; // server: 0 takes the client's
+    uint32_t conns = 0;
+    double seconds = 0;
+};
+
+struct RrResult
+{
+    uint64_t rounds = 0;        // round trips completed in the measured window
+    uint64_t allRounds = 0;     // and in all, the warm-up and the end's included (for CPU)
+    double seconds = 0;         // the measured window
+    std::vector<int64_t> rttNs; // a uniform sample of their round-trip times
+};
+
+// What a client tells the server on each connection: in its first bytes (kernel) or in the
+// CM private data (raw). The run id keeps a second client out of a run being set up.
+struct RrHello
+{
+    RrCq cq = RrCq::None;
+    uint32_t size = 0;
+    uint32_t conns = 0;
+    uint32_t durationMs = 0; // warm-up included
+    uint32_t runId = 0;
+};
+constexpr size_t kRrHelloBytes = 24;
+
+const char *rrCqName(RrCq cq); // "own", "shared" or "none"
+RrHello rrHello(const RrOptions &opts);
+void rrEncode(const RrHello &hello, uint8_t *out);
+// Decodes and checks a hello against the server's options: 0, or -EPROTO after saying why.
+int rrAdmit(const RrOptions &server, const void *data, size_t len, RrHello *out);
+// Both sides measure min(0.5 s, S/10) after the connections are up, then S seconds.
+int64_t rrWarmupNs(double seconds);
+
+// Counts the round trips completed in the measured window and samples their times.
+class RrStats
+{
+public:
+    RrStats(double seconds, int64_t startNs);
+    void record(int64_t sentNs, int64_t nowNs);
+    bool over(int64_t nowNs) const { return nowNs >= endNs_; }
+    int64_t endNs() const { return endNs_; }
+    void finish(RrResult *result);
+
+private:
+    int64_t fromNs_;
+    int64_t endNs_;
+    uint64_t rounds_ = 0;
+    uint64_t allRounds_ = 0;
+    uint64_t rng_;
+    std::vector<int64_t> sample_;
+};
+
+// Resolves host:port (host empty: any address) to a socket address; -EHOSTUNREACH after saying
+// why (who: the transport, for the message).
+int resolveAddress(const char *who, const std::string &host, uint16_t port, bool passive,
+                   sockaddr_storage *out, socklen_t *len);
+
 // Each returns 0 or -errno after printing what failed. Servers return only when they cannot
 // serve at all; a failed run is logged and the next client is accepted.
 int rawClient(const Options &opts, Result *result);
 int rawServer(const Options &opts);
 int engineClient(const Options &opts, Result *result);
 int engineServer(const Options &opts);
+int rrKernelClient(const RrOptions &opts, RrResult *result);
+int rrKernelServer(const RrOptions &opts);
+int rrRawClient(const RrOptions &opts, RrResult *result);
+int rrRawServer(const RrOptions &opts);
 
 } // namespace rstream::perf

@@ -46,27 +46,6 @@ void logErr(const char *what, long err)
     fprintf(stderr, "rstream-perf: engine: %s: %s\n", what, strerror(int(-err)));
 }
 
-// Resolves host:port (host empty: any address) to a socket address.
-int resolve(const std::string &host, uint16_t port, bool passive, sockaddr_storage *out,
-            socklen_t *len)
-{
-    addrinfo hints = {};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = passive ? AI_PASSIVE : 0;
-    addrinfo *res = nullptr;
-    std::string service = std::to_string(port);
-    int ret = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
-    if (ret) {
-        fprintf(stderr, "rstream-perf: engine: %s: %s\n", host.c_str(), gai_strerror(ret));
-        return -EHOSTUNREACH;
-    }
-    memcpy(out, res->ai_addr, res->ai_addrlen);
-    *len = res->ai_addrlen;
-    freeaddrinfo(res);
-    return 0;
-}
-
 void applyRing(Settings &settings, uint32_t ring)
 {
     if (settings.setSendBuf(ring) || settings.setRecvBuf(ring))
@@ -195,7 +174,7 @@ int engineClient(const Options &opts, Result *result)
 {
     sockaddr_storage addr;
     socklen_t len = 0;
-    int ret = resolve(opts.host, opts.port, false, &addr, &len);
+    int ret = resolveAddress("engine", opts.host, opts.port, false, &addr, &len);
     if (ret)
         return ret;
     auto conn = std::make_unique<Connection>();
@@ -254,7 +233,7 @@ int engineServer(const Options &opts)
 {
     sockaddr_storage addr;
     socklen_t len = 0;
-    int ret = resolve(opts.host, opts.port, true, &addr, &len);
+    int ret = resolveAddress("engine", opts.host, opts.port, true, &addr, &len);
     if (ret)
         return ret;
     Listener listener;

@@ -37,6 +37,7 @@
 
 #include "configvars.h"
 #include "perf.h"
+#include "perf_fabric.h"
 
 namespace rstream::perf {
 namespace {
@@ -117,11 +118,6 @@ int fromWire(const void *data, size_t len, Hello *out)
     return 0;
 }
 
-void logErr(const char *what, int err)
-{
-    fprintf(stderr, "rstream-perf: raw: %s: %s\n", what, fi_strerror(-err));
-}
-
 const char *providerName()
 {
     // The raw path has no verbs probing of its own: tcp unless the variable names another.
@@ -155,12 +151,6 @@ int getInfo(const char *node, const char *service, uint64_t flags, fi_info **out
     if (ret)
         logErr("fi_getinfo", ret);
     return ret;
-}
-
-void closeFid(fid *f)
-{
-    if (f)
-        fi_close(f);
 }
 
 // Reads one EQ event, waiting up to timeoutMs: the event number, or -errno (-ETIMEDOUT).
@@ -921,6 +911,49 @@ int rawClient(const Options &opts, Result *result)
     return runClient(opts, result);
 }
 
+void logErr(const char *what, int err)
+{
+    fprintf(stderr, "rstream-perf: raw: %s: %s\n", what, fi_strerror(-err));
+}
+
+void closeFid(fid *f)
+{
+    if (f)
+        fi_close(f);
+}
+
+int listenOn(const fi_info *info, const char *name, const std::string &host, uint16_t port,
+             Listening *out)
+{
+    fi_eq_attr eqAttr = {};
+    eqAttr.wait_obj = FI_WAIT_UNSPEC;
+    int ret = fi_fabric(info->fabric_attr, &out->fabric, nullptr);
+    if (!ret)
+        ret = fi_eq_open(out->fabric, &eqAttr, &out->eq, nullptr);
+    if (!ret)
+        ret = fi_passive_ep(out->fabric, const_cast<fi_info *>(info), &out->pep, nullptr);
+    if (!ret)
+        ret = fi_pep_bind(out->pep, &out->eq->fid, 0);
+    if (!ret)
+        ret = fi_listen(out->pep);
+    if (ret) {
+        logErr("listen", ret);
+        return ret;
+    }
+    printf("rstream-perf: %s server on %s:%u (provider %s)\n", name, host.c_str(), port,
+           info->fabric_attr->prov_name);
+    fflush(stdout);
+    return 0;
+}
+
+void closeListening(Listening *l)
+{
+    closeFid(l->pep ? &l->pep->fid : nullptr);
+    closeFid(l->eq ? &l->eq->fid : nullptr);
+    closeFid(l->fabric ? &l->fabric->fid : nullptr);
+    *l = Listening{};
+}
+
 int rawServer(const Options &opts)
 {
     std::string service = std::to_string(opts.port);
@@ -928,31 +961,12 @@ int rawServer(const Options &opts)
     int ret = getInfo(opts.host.c_str(), service.c_str(), FI_SOURCE, &info);
     if (ret)
         return ret;
-    fid_fabric *fabric = nullptr;
-    fid_eq *eq = nullptr;
-    fid_pep *pep = nullptr;
-    fi_eq_attr eqAttr = {};
-    eqAttr.wait_obj = FI_WAIT_UNSPEC;
-    ret = fi_fabric(info->fabric_attr, &fabric, nullptr);
-    if (!ret)
-        ret = fi_eq_open(fabric, &eqAttr, &eq, nullptr);
-    if (!ret)
-        ret = fi_passive_ep(fabric, info, &pep, nullptr);
-    if (!ret)
-        ret = fi_pep_bind(pep, &eq->fid, 0);
-    if (!ret)
-        ret = fi_listen(pep);
-    if (ret) {
-        logErr("listen", ret);
-    } else {
-        printf("rstream-perf: raw server on %s:%u (provider %s)\n", opts.host.c_str(), opts.port,
-               info->fabric_attr->prov_name);
-        fflush(stdout);
-    }
+    Listening l;
+    ret = listenOn(info, "raw", opts.host, opts.port, &l);
     while (!ret) {
         alignas(fi_eq_cm_entry) uint8_t buf[sizeof(fi_eq_cm_entry) + 256];
         ssize_t bytes = 0;
-        int event = readEvent(eq, buf, sizeof(buf), -1, &bytes);
+        int event = readEvent(l.eq, buf, sizeof(buf), -1, &bytes);
         if (event < 0) {
             if (event == -ETIMEDOUT || event == -EINTR || event == -ECONNREFUSED ||
                 event == -ECONNRESET || event == -ECONNABORTED)
@@ -964,11 +978,9 @@ int rawServer(const Options &opts)
         if (event != FI_CONNREQ)
             continue;
         auto *entry = reinterpret_cast<fi_eq_cm_entry *>(buf);
-        serveOne(fabric, pep, entry->info, entry->data, size_t(bytes) - sizeof(*entry));
+        serveOne(l.fabric, l.pep, entry->info, entry->data, size_t(bytes) - sizeof(*entry));
     }
-    closeFid(pep ? &pep->fid : nullptr);
-    closeFid(eq ? &eq->fid : nullptr);
-    closeFid(fabric ? &fabric->fid : nullptr);
+    closeListening(&l);
     fi_freeinfo(info);
     return ret;
 }

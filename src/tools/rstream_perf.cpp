@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
-// rstream-perf: bandwidth and latency of the rstream engine next to plain libfabric.
+// rstream-perf: bandwidth and latency of the rstream engine next to plain libfabric, and
+// request/response rates of many connections.
 
 #include <algorithm>
 #include <atomic>
@@ -24,6 +25,10 @@ const char kUsage[] =
     R"(Usage: rstream-perf server [--port P] [--bind ADDR] [--ring BYTES]
        rstream-perf client HOST [--port P] --test bw|lat --size BYTES --seconds S
                                --transport engine|raw [--ring BYTES] [--busy-poll]
+       rstream-perf rr-server [--port P] [--bind ADDR] --transport kernel|raw
+                              [--cq own|shared] [--size BYTES]
+       rstream-perf rr-client HOST [--port P] --transport kernel|raw [--cq own|shared]
+                              --conns N --size BYTES --seconds S
 
 The server serves both transports, one run at a time per transport, until it is killed:
 plain libfabric ("raw") on port P and the rstream engine on port P+1 (default P = 18515).
@@ -50,8 +55,28 @@ Transports:
           environment variables. Signal handlers are tracked as under the shim, so that
           blocking calls hold no signals off (RSTREAM_SIGNAL_TRACK=0 holds them).
 
+Request/response (rr): the client opens N connections (1..4096) from one thread and keeps
+one BYTES-sized request (1..1m) outstanding on each, a closed loop as redis-benchmark -c N
+runs; the server answers each request with a reply of BYTES. After a warm-up of
+min(0.5 s, S/10) the client counts the round trips completed in S seconds: rps = round trips
+/ S; p50_us/p99_us are percentiles of the whole round-trip time (request written to reply
+read, not halved) over a uniform sample of up to 262144 of those round trips. The rr server
+listens on P (default 18515) for its one transport and serves one client run at a time until
+it is killed; it takes the size and the CQ layout from each client (they travel in its first
+bytes, or the CM private data), and with --size or --cq refuses clients that differ. Both
+sides must name the same --transport.
+  kernel  nonblocking sockets and epoll, plain libc calls only: run both sides under
+          LD_PRELOAD=librstream_preload.so to measure the shim (cq is "none").
+  raw     plain libfabric FI_EP_MSG (provider as above), fi_inject (or fi_send past the
+          inject size) into posted receives; a side sleeps in epoll_wait over CQ wait fds
+          after fi_trywait. --cq own (the client's default): one CQ per connection;
+          --cq shared: one CQ for all the connections of the process.
+
 Sizes take a k, m or g suffix (powers of 1024). The client's last line of output is JSON:
   {"transport":"raw","test":"bw","size":65536,"MBps":1234.5,"p50_us":null,"p99_us":null}
+  {"transport":"raw","test":"rr","cq":"shared","conns":50,"size":64,"rps":120000.0,
+   "p50_us":400.12,"p99_us":650.40,"requests":420000}   (on one line; requests: all
+   the round trips the client completed, the warm-up included)
 )";
 
 int parseSize(const char *text, uint64_t *out)
@@ -88,6 +113,16 @@ int parseSize(const char *text, uint64_t *out)
     return 0;
 }
 
+bool parsePort(const char *text, unsigned long max, uint16_t *out)
+{
+    char *end = nullptr;
+    const unsigned long port = strtoul(text, &end, 10);
+    if (*end || *text == '-' || !port || port > max)
+        return false;
+    *out = uint16_t(port);
+    return true;
+}
+
 int usageError(const char *fmt, const char *arg)
 {
     fprintf(stderr, "rstream-perf: ");
@@ -96,12 +131,18 @@ int usageError(const char *fmt, const char *arg)
     return 2;
 }
 
-// Nearest-rank percentile of sorted samples, in microseconds of one-way latency.
-double oneWayUs(const std::vector<int64_t> &sorted, double pct)
+// Nearest-rank percentile of sorted samples, in microseconds.
+double percentileUs(const std::vector<int64_t> &sorted, double pct)
 {
     size_t rank = size_t(std::ceil(pct / 100.0 * double(sorted.size())));
     size_t index = std::min(sorted.size() - 1, rank ? rank - 1 : 0);
-    return double(sorted[index]) / 2.0 / 1000.0;
+    return double(sorted[index]) / 1000.0;
+}
+
+// The same, in microseconds of one-way latency.
+double oneWayUs(const std::vector<int64_t> &sorted, double pct)
+{
+    return percentileUs(sorted, pct) / 2.0;
 }
 
 int runClient(const Options &opts, bool engine)
@@ -159,15 +200,120 @@ int runServer(const Options &opts)
     _exit(1);
 }
 
+int runRrClient(const RrOptions &opts)
+{
+    RrResult result;
+    int ret = opts.raw ? rrRawClient(opts, &result) : rrKernelClient(opts, &result);
+    if (ret)
+        return 1;
+    if (result.rttNs.empty()) {
+        fprintf(stderr, "rstream-perf: no round trips completed\n");
+        return 1;
+    }
+    const char *transport = opts.raw ? "raw" : "kernel";
+    double rps = double(result.rounds) / result.seconds;
+    std::sort(result.rttNs.begin(), result.rttNs.end());
+    double p50 = percentileUs(result.rttNs, 50);
+    double p99 = percentileUs(result.rttNs, 99);
+    printf("%s rr %u B, cq %s, %u connections: %.1f requests/s, round trip p50 %.2f us, "
+           "p99 %.2f us (%llu round trips in %.2f s)\n",
+           transport, opts.size, rrCqName(opts.cq), opts.conns, rps, p50, p99,
+           (unsigned long long)result.rounds, result.seconds);
+    printf("{\"transport\":\"%s\",\"test\":\"rr\",\"cq\":\"%s\",\"conns\":%u,\"size\":%u,"
+           "\"rps\":%.1f,\"p50_us\":%.2f,\"p99_us\":%.2f,\"requests\":%llu}\n",
+           transport, rrCqName(opts.cq), opts.conns, opts.size, rps, p50, p99,
+           (unsigned long long)result.allRounds);
+    return 0;
+}
+
+int runRr(int argc, char **argv, bool server)
+{
+    RrOptions opts;
+    int i = 2;
+    if (!server) {
+        if (argc < 3 || argv[2][0] == '-')
+            return usageError("%s", "rr-client: the server's HOST is needed");
+        opts.host = argv[i++];
+    } else {
+        opts.host = "0.0.0.0";
+    }
+    bool haveTransport = false, haveCq = false;
+    for (; i < argc; i++) {
+        std::string arg = argv[i];
+        if (arg == "-h" || arg == "--help") {
+            fputs(kUsage, stdout);
+            return 0;
+        }
+        if (i + 1 >= argc)
+            return usageError("unknown option or missing value: '%s'", argv[i]);
+        const char *value = argv[++i];
+        uint64_t n = 0;
+        if (arg == "--port") {
+            if (!parsePort(value, 65535, &opts.port))
+                return usageError("bad port '%s' (1..65535)", value);
+        } else if (arg == "--bind" && server) {
+            opts.host = value;
+        } else if (arg == "--transport") {
+            if (!strcmp(value, "raw"))
+                opts.raw = true;
+            else if (strcmp(value, "kernel"))
+                return usageError("bad transport '%s' (kernel or raw)", value);
+            haveTransport = true;
+        } else if (arg == "--cq") {
+            if (!strcmp(value, "own"))
+                opts.cq = RrCq::Own;
+            else if (!strcmp(value, "shared"))
+                opts.cq = RrCq::Shared;
+            else
+                return usageError("bad cq '%s' (own or shared)", value);
+            haveCq = true;
+        } else if (arg == "--size") {
+            if (parseSize(value, &n) || n < 1 || n > kRrMaxSize)
+                return usageError("bad size '%s' (1..1m)", value);
+            opts.size = uint32_t(n);
+        } else if (arg == "--conns" && !server) {
+            char *end = nullptr;
+            unsigned long conns = strtoul(value, &end, 10);
+            if (*end || *value == '-' || conns < 1 || conns > kRrMaxConns)
+                return usageError("bad conns '%s' (1..4096)", value);
+            opts.conns = uint32_t(conns);
+        } else if (arg == "--seconds" && !server) {
+            char *end = nullptr;
+            opts.seconds = strtod(value, &end);
+            if (*end || !(opts.seconds > 0 && opts.seconds <= 3600))
+                return usageError("bad seconds '%s' (0..3600)", value);
+        } else {
+            return usageError("unknown option '%s'", argv[i - 1]);
+        }
+    }
+    if (!haveTransport)
+        return usageError("%s", "rr: --transport kernel or raw is needed");
+    if (haveCq && !opts.raw)
+        return usageError("%s", "rr: --cq is for --transport raw");
+    if (!server && (!opts.size || !opts.conns || !opts.seconds))
+        return usageError("%s", "rr-client: --conns, --size and --seconds are needed");
+    if (!server && opts.raw && !haveCq)
+        opts.cq = RrCq::Own;
+    signal(SIGPIPE, SIG_IGN);
+    if (!server)
+        return runRrClient(opts);
+    // Servers return only when they cannot serve at all (they said why).
+    if (opts.raw ? rrRawServer(opts) : rrKernelServer(opts))
+        return 1;
+    return 0;
+}
+
 int run(int argc, char **argv)
 {
     if (argc < 2)
-        return usageError("%s", "a mode is needed: server or client");
+        return usageError("%s", "a mode is needed: server, client, rr-server or rr-client");
     std::string mode = argv[1];
     if (mode == "-h" || mode == "--help") {
         fputs(kUsage, stdout);
         return 0;
     }
+    if (mode == "rr-server" || mode == "rr-client")
+        return runRr(argc, argv, mode == "rr-server");
     bool server = mode == "server";
     if (!server && mode != "client")
         return usageError("unknown mode '%s'", argv[1]);
@@ -198,11 +344,9 @@ int run(int argc, char **argv)
         const char *value = argv[++i];
         uint64_t n = 0;
         if (arg == "--port") {
-            char *end = nullptr;
-            unsigned long port = strtoul(value, &end, 10);
-            if (*end || !port || port > 65534)
+            // The engine listens one above.
+            if (!parsePort(value, 65534, &opts.port))
                 return usageError("bad port '%s' (1..65534)", value);
-            opts.port = uint16_t(port);
         } else if (arg == "--bind" && server) {
             opts.host = value;
         } else if (arg == "--ring") {
