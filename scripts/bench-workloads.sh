@@ -4,7 +4,7 @@
 # scripts/bench-lib.sh; the settings (secs_*, sizes, counts, perf, py) come from scripts/bench.
 # shellcheck shell=bash
 
-all_workloads=(iperf3 bw lat paced redis memcached nginx connect idle)
+all_workloads=(iperf3 bw lat paced redis memcached nginx rr connect idle)
 
 # cases WORKLOAD: one line per case: its name, its x (the number charts plot it against) and
 # the paths it runs over. shim and same are the unmodified programs with both ends under the
@@ -28,6 +28,11 @@ cases() {
 		;;
 	memcached) echo "memcslap 20 kernel shim same" ;;
 	nginx) for c in "${wrk_conns[@]}"; do echo "c$c $c kernel shim same"; done ;;
+	rr)
+		# raw: one CQ for all the connections; c*-own: raw with a CQ per connection alone.
+		for c in "${rr_conns[@]}"; do echo "c$c $c kernel shim same raw"; done
+		for c in "${rr_conns[@]}"; do echo "c$c-own $c raw"; done
+		;;
 	connect) echo "ab-c1 1 kernel shim same" ;;
 	idle) echo "$idle_conns $idle_conns kernel shim same" ;;
 	esac
@@ -243,6 +248,31 @@ nginx_run() {
 		fi
 	fi
 	done_run nginx "$1" "$2" "$3" "$2" "${rps:-n/a}" rps="${rps:-n/a}" requests="${n:-n/a}"
+}
+
+# rr_run CASE CONNECTIONS MODE: rstream-perf rr, CONNECTIONS connections of one client thread,
+# each with one 64 B request outstanding (redis-benchmark -c's closed loop, without a server's
+# own work). kernel, shim and same run its kernel-socket transport (epoll, read, write), the
+# last two under the shim; raw runs plain libfabric with one CQ shared by all the connections
+# of each side, or, in the cN-own cases, a CQ per connection (as the engine has them): the
+# ceilings of the two layouts over this provider.
+rr_run() {
+	local rps=n/a requests=n/a out transport=kernel wm=$3 cq=()
+	if [ "$3" = raw ]; then
+		# Plain libfabric takes no preload and no fabric port: started as a kernel run is.
+		transport=raw wm=kernel cq=(--cq shared)
+		[ "${1%-own}" = "$1" ] || cq=(--cq own)
+	fi
+	take_port || return 1
+	begin "$wm" rr INT "$perf" rr-server --bind 127.0.0.1 --port "$p" --transport "$transport" \
+		"${cq[@]}" --size 64 || { failed_start rr "$@"; return 0; }
+	if client "$wm" $((secs_rr + 30)) "$perf" rr-client 127.0.0.1 --port "$p" \
+		--transport "$transport" "${cq[@]}" --conns "$2" --size 64 --seconds "$secs_rr"; then
+		out=$(tail -n1 "$work/out")
+		rps=$(sed -n 's/.*"rps":\([0-9.]*\).*/\1/p' <<<"$out")
+		requests=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' <<<"$out")
+	fi
+	done_run rr "$1" "$2" "$3" "$2" "${rps:-n/a}" rps="${rps:-n/a}" requests="${requests:-n/a}"
 }
 
 # connect_run CASE 1 MODE: connection setup rate: ab without keep-alive, one connection at a

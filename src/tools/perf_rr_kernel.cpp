@@ -8,6 +8,7 @@
 // with a reply or request it could not finish waits for EPOLLOUT before reading again.
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <signal.h>
 #include <string>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -187,6 +189,15 @@ int Loop::wait(epoll_event *events, int timeoutMs)
     return n < 0 ? 0 : n;
 }
 
+// SIGINT or SIGTERM asked the server to stop: it returns from main, so that a program around
+// it (the preload shim's statistics) sees a normal exit.
+std::atomic<bool> gStop{false};
+
+void onStopSignal(int)
+{
+    gStop.store(true, std::memory_order_relaxed);
+}
+
 int untilMs(int64_t deadlineNs)
 {
     int64_t left = deadlineNs - nowNs();
@@ -321,6 +332,10 @@ int ServerRun::serve()
     int64_t start = 0;
     epoll_event events[kMaxEvents];
     while (!ret) {
+        if (gStop.load(std::memory_order_relaxed)) {
+            ret = -EINTR;
+            break;
+        }
         bool idle = conns_.empty() && !started_;
         if ((started_ && conns_.empty()) || (!idle && nowNs() >= limitNs_))
             break;
@@ -380,13 +395,18 @@ int rrKernelServer(const RrOptions &opts)
     ret = loop.open();
     if (ret)
         return ret;
+    // Without SA_RESTART: the signal ends the wait it comes in (EINTR).
+    struct sigaction sa = {};
+    sa.sa_handler = onStopSignal;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
     printf("rstream-perf: kernel rr server on %s:%u\n", opts.host.c_str(), opts.port);
     fflush(stdout);
     while (!ret) {
         ServerRun run(opts, loop, listenFd.get());
         ret = run.serve();
     }
-    return ret;
+    return ret == -EINTR ? 0 : ret;
 }
 
 int rrKernelClient(const RrOptions &opts, RrResult *result)
