@@ -15,6 +15,9 @@ namespace rstream::perf {
 
 void logErr(const char *what, int err); // "rstream-perf: raw: what: error"
 void closeFid(fid *f);                  // null allowed
+// Reads one EQ event, waiting up to timeoutMs (0: not at all): the event number, or -errno
+// (-ETIMEDOUT when none came; an error entry's own error). *bytes: what the read returned.
+int readEvent(fid_eq *eq, void *buf, size_t len, int timeoutMs, ssize_t *bytes);
 
 // A passive endpoint listening for a raw server, with its fabric and EQ.
 struct Listening

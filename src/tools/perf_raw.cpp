@@ -153,27 +153,6 @@ int getInfo(const char *node, const char *service, uint64_t flags, fi_info **out
     return ret;
 }
 
-// Reads one EQ event, waiting up to timeoutMs: the event number, or -errno (-ETIMEDOUT).
-int readEvent(fid_eq *eq, void *buf, size_t len, int timeoutMs, ssize_t *bytes)
-{
-    uint32_t event = 0;
-    ssize_t ret = timeoutMs == 0 ? fi_eq_read(eq, &event, buf, len, 0)
-                                 : fi_eq_sread(eq, &event, buf, len, timeoutMs, 0);
-    if (ret == -FI_EAGAIN)
-        return timeoutMs == 0 ? -EAGAIN : -ETIMEDOUT;
-    if (ret == -FI_EAVAIL) {
-        fi_eq_err_entry err = {};
-        if (fi_eq_readerr(eq, &err, 0) >= 0 && err.err)
-            return -err.err;
-        return -EIO;
-    }
-    if (ret < 0)
-        return int(ret);
-    if (bytes)
-        *bytes = ret;
-    return int(event);
-}
-
 void *allocBuffer(size_t len)
 {
     void *p = nullptr;
@@ -920,6 +899,26 @@ void closeFid(fid *f)
 {
     if (f)
         fi_close(f);
+}
+
+int readEvent(fid_eq *eq, void *buf, size_t len, int timeoutMs, ssize_t *bytes)
+{
+    uint32_t event = 0;
+    ssize_t ret = timeoutMs == 0 ? fi_eq_read(eq, &event, buf, len, 0)
+                                 : fi_eq_sread(eq, &event, buf, len, timeoutMs, 0);
+    if (ret == -FI_EAGAIN)
+        return timeoutMs == 0 ? -EAGAIN : -ETIMEDOUT;
+    if (ret == -FI_EAVAIL) {
+        fi_eq_err_entry err = {};
+        if (fi_eq_readerr(eq, &err, 0) >= 0 && err.err)
+            return -err.err;
+        return -EIO;
+    }
+    if (ret < 0)
+        return int(ret);
+    if (bytes)
+        *bytes = ret;
+    return int(event);
 }
 
 int listenOn(const fi_info *info, const char *name, const std::string &host, uint16_t port,

@@ -55,20 +55,18 @@ int acceptOne(Session &session, fid_pep *pep, fi_info *info)
 // -ETIMEDOUT, or -errno.
 int readConnReq(fid_eq *eq, int timeoutMs, uint8_t *buf, size_t len, size_t *dataLen)
 {
-    uint32_t event = 0;
-    ssize_t ret = fi_eq_sread(eq, &event, buf, len, timeoutMs, 0);
-    if (ret == -FI_EAVAIL) {
-        fi_eq_err_entry err = {};
-        fi_eq_readerr(eq, &err, 0);
-        return -EAGAIN; // a request that failed on its way: wait for the next
-    }
-    if (ret == -FI_EAGAIN || ret == -FI_ETIMEDOUT)
-        return -ETIMEDOUT;
-    if (ret < 0)
-        return int(ret) == -FI_EINTR ? -EAGAIN : int(ret);
+    ssize_t bytes = 0;
+    const int event = readEvent(eq, buf, len, timeoutMs, &bytes);
+    if (event == -ETIMEDOUT)
+        return event;
+    // A request that failed on its way, or a signal: wait for the next (as the raw server does).
+    if (event == -EINTR || event == -ECONNREFUSED || event == -ECONNRESET || event == -ECONNABORTED)
+        return -EAGAIN;
+    if (event < 0)
+        return event;
     if (event != FI_CONNREQ)
         return -EAGAIN;
-    *dataLen = size_t(ret) - sizeof(fi_eq_cm_entry);
+    *dataLen = size_t(bytes) - sizeof(fi_eq_cm_entry);
     return 0;
 }
 

@@ -195,28 +195,22 @@ int Session::addConn(fi_info *info, Conn **out)
 int Session::waitConnected(Conn *conn, const char *what)
 {
     alignas(fi_eq_cm_entry) uint8_t buf[sizeof(fi_eq_cm_entry) + 64];
-    uint32_t event = 0;
-    ssize_t ret = fi_eq_sread(eq_, &event, buf, sizeof(buf), kEqTimeoutMs, 0);
-    if (ret == -FI_EAVAIL) {
-        fi_eq_err_entry err = {};
-        ret = fi_eq_readerr(eq_, &err, 0) >= 0 && err.err ? -err.err : -FI_EIO;
-    }
-    if (ret == -FI_EAGAIN)
-        ret = -FI_ETIMEDOUT;
-    if (ret == -FI_ECONNREFUSED) {
+    const int event = readEvent(eq_, buf, sizeof(buf), kEqTimeoutMs, nullptr);
+    const int ret = event < 0 ? event : 0;
+    if (ret == -ECONNREFUSED) {
         fprintf(stderr,
                 "rstream-perf: raw: %s: refused (is the server busy, or do its --size, "
                 "--cq or --transport differ?)\n",
                 what);
-        return int(ret);
+        return ret;
     }
     if (ret < 0) {
-        logErr(what, int(ret));
-        return int(ret);
+        logErr(what, ret);
+        return ret;
     }
     auto *entry = reinterpret_cast<fi_eq_cm_entry *>(buf);
-    if (event != FI_CONNECTED || entry->fid != &conn->ep->fid) {
-        fprintf(stderr, "rstream-perf: raw: %s: unexpected event %u\n", what, event);
+    if (uint32_t(event) != FI_CONNECTED || entry->fid != &conn->ep->fid) {
+        fprintf(stderr, "rstream-perf: raw: %s: unexpected event %d\n", what, event);
         return -ECONNREFUSED;
     }
     live_++;
