@@ -43,6 +43,21 @@ run() {
 	timeout 30 "$perf" rr-client 127.0.0.1 --port "$port" --transport "$transport" \
 		"${cqarg[@]}" --conns 8 --size 64 --seconds 1 >"$work/client.$transport.$cq.log" 2>&1 ||
 		fail "the $transport client failed (cq $cq)"
+	if [ "$transport" = kernel ]; then
+		# SIGINT ends the kernel server with a normal exit (under the shim: its statistics). A
+		# background job of a script starts with SIGINT ignored: only the server's own handler
+		# ends it.
+		kill -INT "$server"
+		for _ in $(seq 100); do
+			kill -0 "$server" 2>/dev/null || break
+			sleep 0.05
+		done
+		kill -0 "$server" 2>/dev/null && fail "the kernel server did not end on SIGINT"
+		local status=0
+		wait "$server" || status=$?
+		server=
+		[ "$status" -eq 0 ] || fail "the kernel server exited with $status on SIGINT"
+	fi
 	stop_server
 	local json
 	json=$(tail -n 1 "$work/client.$transport.$cq.log")
