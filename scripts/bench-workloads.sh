@@ -20,7 +20,7 @@ cases() {
 		;;
 	bw) for s in "${bw_sizes[@]}"; do echo "$s $s kernel shim same engine raw"; done ;;
 	lat) for s in "${lat_sizes[@]}"; do echo "$s $s kernel shim same engine raw"; done ;;
-	paced) echo "64B-${paced_rate}ps $paced_rate kernel shim same" ;;
+	paced) echo "64B-${paced_rate}ps $paced_rate kernel shim same raw" ;;
 	redis)
 		echo "GET 50 kernel shim same"
 		echo "SET 50 kernel shim same"
@@ -47,6 +47,7 @@ run_case() {
 	bw,*) iperf3_run "$1" "$2" "$3" "$4" 1 "$3" "$secs_size" ;;
 	lat,engine | lat,raw) perf_run "$1" "$2" "$3" "$4" lat "$3" "$secs_lat" ;;
 	lat,*) sockperf_run "$2" "$3" "$4" ;;
+	paced,raw) paced_raw_run "$2" "$3" ;;
 	*) "${1}_run" "$2" "$3" "$4" ;;
 	esac
 }
@@ -130,6 +131,28 @@ paced_run() {
 	ms=$(awk -v s="$srv_s" -v n="${trips:-0}" 'BEGIN {
 		if (s == "n/a" || n !~ /^[0-9]+$/ || n == 0) print "n/a"; else printf "%.4f", s * 1e6 / n }')
 	done_run paced "$1" "$2" "$3" 1 "$ms" server_ms_per_1k="$ms" p50_us="${p50:-n/a}" \
+		requests="${trips:-n/a}"
+}
+
+# paced_raw_run CASE RATE: the same pace over plain libfabric (rstream-perf rr over raw, one
+# connection with a CQ of its own, --rate RATE), what the provider alone costs such a server:
+# the ceiling for the shim's row. The rr server sleeps in epoll_wait over its CQ's wait fd
+# after fi_trywait, where sockperf's server sleeps in a blocking recv.
+paced_raw_run() {
+	local out p50=n/a trips=n/a ms=n/a
+	take_port || return 1
+	begin kernel paced INT "$perf" rr-server --bind 127.0.0.1 --port "$p" --transport raw \
+		--cq own --size 64 || { failed_start paced "$1" "$2" raw; return 0; }
+	if client kernel $((secs_paced + 30)) "$perf" rr-client 127.0.0.1 --port "$p" \
+		--transport raw --cq own --conns 1 --size 64 --seconds "$secs_paced" --rate "$2"; then
+		out=$(tail -n1 "$work/out")
+		# rr's p50 is a whole round trip; sockperf's (the other rows) is half of one.
+		p50=$(sed -n 's/.*"p50_us":\([0-9.]*\).*/\1/p' <<<"$out" | awk '{ printf "%.3f", $1 / 2 }')
+		trips=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' <<<"$out")
+	fi
+	ms=$(awk -v s="$srv_s" -v n="${trips:-0}" 'BEGIN {
+		if (s == "n/a" || n !~ /^[0-9]+$/ || n == 0) print "n/a"; else printf "%.4f", s * 1e6 / n }')
+	done_run paced "$1" "$2" raw 1 "$ms" server_ms_per_1k="$ms" p50_us="${p50:-n/a}" \
 		requests="${trips:-n/a}"
 }
 

@@ -2,8 +2,10 @@
 // rstream-perf's shared pieces: options, results, the clock, and each transport's entry points.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <queue>
 #include <string>
 #include <sys/socket.h>
 #include <time.h>
@@ -83,6 +85,7 @@ struct RrOptions
     uint32_t size = 0; // server: 0 takes the client's
     uint32_t conns = 0;
     double seconds = 0;
+    double rate = 0; // client: requests a second over all connections; 0: a closed loop
 };
 
 struct RrResult
@@ -130,6 +133,53 @@ private:
     uint64_t allRounds_ = 0;
     uint64_t rng_;
     std::vector<int64_t> sample_;
+};
+
+// Paces a client's requests (--rate): each connection's next request is due an interval
+// (connections / rate) after its previous one was due, or at once when it is more than an
+// interval late (no burst to catch up). A wait sleeps until the first due, in whole
+// milliseconds, and polls through the last one, as sockperf's --mps does.
+template <typename ConnT>
+class RrPacer
+{
+public:
+    RrPacer(double rate, uint32_t conns)
+        : intervalNs_(rate > 0 ? int64_t(double(conns) * 1e9 / rate) : 0)
+    {}
+    bool paced() const { return intervalNs_ > 0; }
+    // The reply to the request due at dueNs came: the next is due an interval later.
+    void schedule(ConnT *conn, int64_t dueNs, int64_t nowNs)
+    {
+        int64_t next = dueNs + intervalNs_;
+        due_.push({next + intervalNs_ < nowNs ? nowNs : next, conn});
+    }
+    // The next connection due by nowNs and when it was due; nullptr when none is.
+    ConnT *takeDue(int64_t nowNs, int64_t *dueNs)
+    {
+        if (due_.empty() || due_.top().first > nowNs)
+            return nullptr;
+        auto top = due_.top();
+        due_.pop();
+        *dueNs = top.first;
+        return top.second;
+    }
+    // How long a wait may sleep: capMs, or less when a request falls due sooner.
+    int timeoutMs(int64_t nowNs, int capMs) const
+    {
+        if (due_.empty())
+            return capMs;
+        int64_t ms = (due_.top().first - nowNs) / 1'000'000;
+        return ms < 0 ? 0 : int(std::min<int64_t>(ms, capMs));
+    }
+
+private:
+    using Entry = std::pair<int64_t, ConnT *>;
+    struct Later
+    {
+        bool operator()(const Entry &a, const Entry &b) const { return a.first > b.first; }
+    };
+    int64_t intervalNs_;
+    std::priority_queue<Entry, std::vector<Entry>, Later> due_;
 };
 
 // Resolves host:port (host empty: any address) to a socket address; -EHOSTUNREACH after saying

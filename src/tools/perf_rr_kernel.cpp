@@ -66,6 +66,7 @@ struct Conn
     bool writing = false; // registered for EPOLLOUT instead of EPOLLIN
     bool hello = false;   // server: the hello has arrived
     int64_t sentNs = 0;   // client: when the outstanding request went
+    int64_t dueNs = 0;    // client, paced: when it was due
     uint8_t helloBuf[kRrHelloBytes];
 };
 
@@ -458,8 +459,9 @@ int rrKernelClient(const RrOptions &opts, RrResult *result)
     }
 
     RrStats stats(opts.seconds, nowNs());
+    RrPacer<Conn> pacer(opts.rate, opts.conns);
     for (Conn &conn : conns) {
-        conn.sentNs = nowNs();
+        conn.sentNs = conn.dueNs = nowNs();
         ret = loop.startWrite(&conn, opts.size);
         if (ret) {
             logErr("request", ret);
@@ -468,7 +470,15 @@ int rrKernelClient(const RrOptions &opts, RrResult *result)
     }
     epoll_event events[kMaxEvents];
     while (!ret && !stats.over(nowNs())) {
-        int n = loop.wait(events, untilMs(stats.endNs()));
+        int64_t due = 0;
+        for (Conn *conn; !ret && (conn = pacer.takeDue(nowNs(), &due));) {
+            conn->dueNs = due;
+            conn->sentNs = nowNs();
+            ret = loop.startWrite(conn, opts.size);
+        }
+        if (ret)
+            break;
+        int n = loop.wait(events, pacer.timeoutMs(nowNs(), untilMs(stats.endNs())));
         if (n < 0)
             return n;
         for (int i = 0; i < n && !ret; i++) {
@@ -477,6 +487,11 @@ int rrKernelClient(const RrOptions &opts, RrResult *result)
             if (ret == 1) {
                 int64_t now = nowNs();
                 stats.record(conn->sentNs, now);
+                ret = 0;
+                if (pacer.paced()) {
+                    pacer.schedule(conn, conn->dueNs, now);
+                    continue;
+                }
                 conn->sentNs = now;
                 ret = loop.startWrite(conn, opts.size);
             }

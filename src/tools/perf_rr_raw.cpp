@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <string>
 
@@ -134,6 +135,10 @@ int rrRawServer(const RrOptions &opts)
     int ret = rr::getInfo(opts.host.c_str(), service.c_str(), FI_SOURCE, &info);
     if (ret)
         return ret;
+    // SIGINT and SIGTERM end the server, also as a script's background job, which starts with
+    // SIGINT ignored (plain libfabric has no statistics to write: the default action will do).
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
     Listening l;
     ret = listenOn(info, "raw rr", opts.host, opts.port, &l);
     while (!ret) {
@@ -192,7 +197,9 @@ int rrRawClient(const RrOptions &opts, RrResult *result)
         }
         if (!ret) {
             RrStats stats(opts.seconds, nowNs());
+            RrPacer<Conn> pacer(opts.rate, opts.conns);
             session.stats = &stats;
+            session.pacer = pacer.paced() ? &pacer : nullptr;
             ret = session.start();
             while (!ret && !stats.over(nowNs()))
                 ret = session.step(untilMs(stats.endNs()));

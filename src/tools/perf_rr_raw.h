@@ -45,7 +45,8 @@ struct Conn
     uint8_t *tx = nullptr;
     Op recvOp;
     Op txOps[kTxSlots];
-    int64_t sentNs = 0; // client: when the outstanding request was due
+    int64_t sentNs = 0; // client: when the outstanding request went
+    int64_t dueNs = 0;  // client, paced: when it was due
     bool owed = false;  // a message waits for room to be sent
     bool ready = false; // own CQ: to be read this round
     bool gone = false;
@@ -72,8 +73,9 @@ public:
     int step(int timeoutMs);
     void shutdown();
 
-    RrStats *stats = nullptr; // the client's
-    uint64_t answered = 0;    // the server's
+    RrStats *stats = nullptr;       // the client's
+    RrPacer<Conn> *pacer = nullptr; // the client's, when paced
+    uint64_t answered = 0;          // the server's
     uint32_t live() const { return live_; }
 
 private:
@@ -85,6 +87,8 @@ private:
     void markGone(Conn *conn);
     int checkEq();
     int retryOwed();
+    int sendDue();
+    int sleepMs(int timeoutMs) const; // timeoutMs, or less when a paced request falls due
     int stepShared(int timeoutMs);
     int stepOwn(int timeoutMs);
 

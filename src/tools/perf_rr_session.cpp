@@ -276,6 +276,10 @@ int Session::onCompletion(Op *op)
     } else {
         int64_t now = nowNs();
         stats->record(conn->sentNs, now);
+        if (pacer) {
+            pacer->schedule(conn, conn->dueNs, now);
+            return 0;
+        }
         conn->sentNs = now;
     }
     return post(conn);
@@ -394,7 +398,7 @@ int Session::stepShared(int timeoutMs)
         logErr("fi_trywait", ret);
         return ret;
     }
-    if (epoll_wait(epfd_, events_.data(), 1, timeoutMs) < 0 && errno != EINTR) {
+    if (epoll_wait(epfd_, events_.data(), 1, sleepMs(timeoutMs)) < 0 && errno != EINTR) {
         logErr("epoll_wait", -errno);
         return -errno;
     }
@@ -433,7 +437,8 @@ int Session::stepOwn(int timeoutMs)
         }
     }
     read_.clear();
-    int n = epoll_wait(epfd_, events_.data(), int(events_.size()), ready_.empty() ? timeoutMs : 0);
+    int n = epoll_wait(epfd_, events_.data(), int(events_.size()),
+                       ready_.empty() ? sleepMs(timeoutMs) : 0);
     if (n < 0 && errno != EINTR) {
         logErr("epoll_wait", -errno);
         return -errno;
@@ -448,9 +453,33 @@ int Session::stepOwn(int timeoutMs)
     return 0;
 }
 
+int Session::sendDue()
+{
+    if (!pacer)
+        return 0;
+    int64_t due = 0;
+    for (Conn *conn; (conn = pacer->takeDue(nowNs(), &due));) {
+        if (conn->gone)
+            continue;
+        conn->dueNs = due;
+        conn->sentNs = nowNs();
+        int ret = post(conn);
+        if (ret)
+            return ret;
+    }
+    return 0;
+}
+
+int Session::sleepMs(int timeoutMs) const
+{
+    return pacer ? pacer->timeoutMs(nowNs(), timeoutMs) : timeoutMs;
+}
+
 int Session::step(int timeoutMs)
 {
     int ret = checkEq();
+    if (!ret)
+        ret = sendDue();
     if (ret)
         return ret;
     timeoutMs = std::min(timeoutMs, kSleepMs);
@@ -468,7 +497,7 @@ int Session::start()
         }
         if (server_)
             continue;
-        c->sentNs = now;
+        c->sentNs = c->dueNs = now;
         int ret = post(c.get());
         if (ret)
             return ret;

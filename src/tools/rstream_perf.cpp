@@ -28,7 +28,7 @@ const char kUsage[] =
        rstream-perf rr-server [--port P] [--bind ADDR] --transport kernel|raw
                               [--cq own|shared] [--size BYTES]
        rstream-perf rr-client HOST [--port P] --transport kernel|raw [--cq own|shared]
-                              --conns N --size BYTES --seconds S
+                              --conns N --size BYTES --seconds S [--rate R]
 
 The server serves both transports, one run at a time per transport, until it is killed:
 plain libfabric ("raw") on port P and the rstream engine on port P+1 (default P = 18515).
@@ -57,7 +57,10 @@ Transports:
 
 Request/response (rr): the client opens N connections (1..4096) from one thread and keeps
 one BYTES-sized request (1..1m) outstanding on each, a closed loop as redis-benchmark -c N
-runs; the server answers each request with a reply of BYTES. After a warm-up of
+runs; the server answers each request with a reply of BYTES. With --rate R the client sends
+R requests a second over all the connections instead (each connection's next request due
+N/R s after its previous one was), polling through the last millisecond before each, as
+sockperf's --mps does: what a mostly idle server pays a request. After a warm-up of
 min(0.5 s, S/10) the client counts the round trips completed in S seconds: rps = round trips
 / S; p50_us/p99_us are percentiles of the whole round-trip time (request written to reply
 read, not halved) over a uniform sample of up to 262144 of those round trips. The rr server
@@ -277,6 +280,11 @@ int runRr(int argc, char **argv, bool server)
             if (*end || *value == '-' || conns < 1 || conns > kRrMaxConns)
                 return usageError("bad conns '%s' (1..4096)", value);
             opts.conns = uint32_t(conns);
+        } else if (arg == "--rate" && !server) {
+            char *end = nullptr;
+            opts.rate = strtod(value, &end);
+            if (*end || !(opts.rate > 0 && opts.rate <= 1e7))
+                return usageError("bad rate '%s' (0..10000000 requests a second)", value);
         } else if (arg == "--seconds" && !server) {
             char *end = nullptr;
             opts.seconds = strtod(value, &end);
