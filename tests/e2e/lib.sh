@@ -172,8 +172,15 @@ start_server() {
 	local name=$1 fabric=$2
 	shift 2
 	local attempt arg args
+	# A server whose fabric port nobody may take (fabric 0: a plain server, whose clients' light
+	# probe must find nothing there, or a shim server that does not listen on it) takes a port
+	# whose fabric port lies past the ephemeral range (up to 60999) and past the fabric ports of
+	# other tests' picks (40000..60000): a listener on an ephemeral port elsewhere, or another
+	# test's shim server, could otherwise start listening there while this test runs.
+	local base=20000 span=20001
+	[ "$fabric" = 1 ] || base=41000 span=4536
 	for attempt in 1 2 3 4 5; do
-		port=$(pick_port "$E2E_OFFSET") || fail "no free port"
+		port=$(pick_port "$E2E_OFFSET" "$span" 200 "$base") || fail "no free port"
 		args=()
 		for arg in "$@"; do
 			args+=("${arg//@PORT@/$port}")

@@ -18,13 +18,14 @@ port_listening() {
 		END { exit !f }' /proc/net/tcp /proc/net/tcp6
 }
 
-# pick_port [OFFSET [SPAN [TRIES]]]: a port in 20000..20000+SPAN-1 (SPAN default 20001) that
-# nothing uses, nor the port OFFSET above it (the shim's fabric port; OFFSET default 0: only
-# the port itself), out of TRIES random ones (default 200). Fails when none is free.
+# pick_port [OFFSET [SPAN [TRIES [BASE]]]]: a port in BASE..BASE+SPAN-1 (BASE default 20000,
+# SPAN default 20001) that nothing uses, nor the port OFFSET above it (the shim's fabric port;
+# OFFSET default 0: only the port itself), out of TRIES random ones (default 200). Fails when
+# none is free.
 pick_port() {
-	local offset=${1:-0} span=${2:-20001} tries=${3:-200} p
+	local offset=${1:-0} span=${2:-20001} tries=${3:-200} base=${4:-20000} p
 	for _ in $(seq "$tries"); do
-		p=$((20000 + RANDOM % span))
+		p=$((base + RANDOM % span))
 		if ! port_in_use "$p" && ! port_in_use $((p + offset)); then
 			echo "$p"
 			return 0
