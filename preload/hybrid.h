@@ -341,8 +341,9 @@ private:
     std::shared_ptr<Socket> claimLinkLocked();
     void dropLinkLocked();
     int linkWaitFdsLocked(std::vector<pollfd> *fds); // LateServer: a link's arrival wakes a poller
-    std::shared_ptr<Socket> linkSocketLocked(std::unique_ptr<SameHostLink> link,
-                                             const Settings &settings);
+    // s, a new engine socket, made the connection's over the link (nullptr when it was not).
+    std::shared_ptr<Socket> linkSocketLocked(std::shared_ptr<Socket> s,
+                                             std::unique_ptr<SameHostLink> link);
     int connectFabric(const sockaddr *addr, socklen_t len, std::shared_ptr<Socket> *out);
     // The engine socket and the mode, read together.
     std::pair<std::shared_ptr<Socket>, Mode> snapshot();

@@ -145,10 +145,9 @@ bool linkOwnerTrusted(const SameHostOffer &offer, const sockaddr_storage &upgrad
 
 } // namespace
 
-std::shared_ptr<Socket> HybridSocket::linkSocketLocked(std::unique_ptr<SameHostLink> link,
-                                                       const Settings &settings)
+std::shared_ptr<Socket> HybridSocket::linkSocketLocked(std::shared_ptr<Socket> s,
+                                                       std::unique_ptr<SameHostLink> link)
 {
-    auto s = newEngineSocket(settings);
     const int r =
         s->adoptSameHost(std::move(link), reinterpret_cast<sockaddr *>(&lateLocal_), lateLocalLen_,
                          reinterpret_cast<sockaddr *>(&latePeer_), latePeerLen_);
@@ -169,8 +168,12 @@ bool HybridSocket::lateLinkLocked()
         return false;
     const std::string name =
         upgradeLinkName(reinterpret_cast<sockaddr *>(&latePeer_), latePeerLen_, latePort_);
+    // The engine socket that will carry the link comes first: the program's options on it
+    // (SO_SNDBUF, SO_RCVBUF) size the link's rings, as they size a connection's over the
+    // fabric; this end makes the region, so the sizes are its to choose.
+    auto sock = newEngineSocket(settings);
     SameHostOffer offer;
-    int r = offer.open(name, sameHostRings(settings));
+    int r = offer.open(name, sameHostRings(sock->connectionSettings()));
     if (r < 0) {
         // Nothing answers there (ECONNREFUSED): a server that takes no links, or in another
         // network namespace. The fabric, then.
@@ -181,7 +184,7 @@ bool HybridSocket::lateLinkLocked()
     setPort(&port, latePort_);
     if (!linkOwnerTrusted(offer, port, fd_))
         return false; // closed unsent: the fabric, whose setup has the server's own word
-    auto s = linkSocketLocked(offer.takeLink(), settings);
+    auto s = linkSocketLocked(std::move(sock), offer.takeLink());
     if (!s)
         return false; // nothing was sent: the fabric
     // LateToken before the link goes, as before the fabric's token (lateStepLocked): once the
@@ -221,7 +224,7 @@ std::shared_ptr<Socket> HybridSocket::claimLinkLocked()
     if (collectSameHost(pendingToken_, 0, &link) < 0)
         return nullptr;
     lateNoteAddresses();
-    auto s = linkSocketLocked(std::move(link), upgradeSettings());
+    auto s = linkSocketLocked(newEngineSocket(upgradeSettings()), std::move(link));
     if (s)
         RS_LOG_FD(Debug, fd_, "switch: the client's same-host link claimed");
     // Not taken: the link is closed, which the client, waiting for the ack, takes for the

@@ -341,6 +341,14 @@ int Socket::adoptSameHost(std::unique_ptr<SameHostLink> link, const sockaddr *lo
     return 0;
 }
 
+Settings Socket::connectionSettings()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    Settings s;
+    applySettings(&s);
+    return s;
+}
+
 void Socket::useConnectionLocked(std::shared_ptr<Connection> c, size_t sendBuf)
 {
     sendRing_ = static_cast<uint32_t>(sendBuf);

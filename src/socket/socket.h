@@ -80,6 +80,9 @@ public:
     // connection it carries on; its options apply as for connect().
     int adoptSameHost(std::unique_ptr<SameHostLink> link, const sockaddr *local, socklen_t llen,
                       const sockaddr *peer, socklen_t plen);
+    // The settings a connection of this socket's gets: its own, with the ring sizes its
+    // SO_SNDBUF and SO_RCVBUF asked for (what sizes a same-host link's rings before it exists).
+    Settings connectionSettings();
     // MSG_DONTWAIT, MSG_PEEK, MSG_WAITALL, MSG_TRUNC, MSG_NOSIGNAL (the caller raises SIGPIPE).
     ssize_t send(const iovec *iov, int iovcnt, int flags);
     ssize_t recv(const iovec *iov, int iovcnt, int flags);

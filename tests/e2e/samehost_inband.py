@@ -12,11 +12,15 @@
 #            or libfabric's load), then says whether this process mapped libfabric
 #   hostile  connects to the abstract socket NAME three times: 9 bytes of garbage, a token alone
 #            without the fds a link brings, and nothing at all
+#   bufs     sets SO_RCVBUF to 1 MiB before it connects, echoes 1 KiB pieces for 0.4 s (past
+#            its switch), then prints TCP_INFO's tcpi_rcv_space (over the engine: the size of
+#            the ring it reads from)
 import datetime
 import os
 import re
 import select
 import socket
+import struct
 import sys
 import time
 
@@ -87,6 +91,25 @@ if role == "hostile":
         time.sleep(0.05)
         s.close()
     print("hostile: 3 connections to %s" % sys.argv[2])
+    sys.exit(0)
+
+if role == "bufs":
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    s.settimeout(10)
+    s.connect(("127.0.0.1", int(sys.argv[2])))
+    end = time.time() + 0.4
+    while time.time() < end:
+        s.sendall(b"b" * 1024)
+        got = b""
+        while len(got) < 1024:
+            d = s.recv(1024 - len(got))
+            if not d:
+                sys.exit("the server ended the connection")
+            got += d
+    info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    print("rcv_space %d" % struct.unpack_from("I", info, 96)[0])
+    s.close()
     sys.exit(0)
 
 port, seconds = int(sys.argv[2]), float(sys.argv[3])

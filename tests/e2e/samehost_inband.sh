@@ -5,7 +5,8 @@
 # and a hostile process that writes garbage to the name where the server takes links changes
 # nothing for the next client. A server that takes no links (RSTREAM_SAME_HOST=0) gets its
 # client over the fabric, as before. A process of another user that took that name first gets
-# nothing (samehost_squat.py). A server asleep on the connection is woken by the link.
+# nothing (samehost_squat.py). A server asleep on the connection is woken by the link. The
+# SO_RCVBUF a client set before connecting sizes the link's rings.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -25,7 +26,7 @@ client() {
 # Both ends allow same-host links: the clients switch without libfabric; between them, the
 # hostile process.
 start_server server 1 shim server 60 env RSTREAM_SAME_HOST=1 RSTREAM_LOG=debug \
-	RSTREAM_LOG_FILE="$work/server.rs" python3 "$prog" server @PORT@ 2
+	RSTREAM_LOG_FILE="$work/server.rs" python3 "$prog" server @PORT@ 3
 client client1 0.4
 grep -q "libfabric not loaded" <<<"$last_out" || fail "client1 loaded libfabric"
 [ "$(stat_sum client1 same_host_connections)" -eq 1 ] || fail "client1: not same-host"
@@ -40,8 +41,15 @@ log "$(cat "$work/hostile.log")"
 client client2 0.4
 grep -q "libfabric not loaded" <<<"$last_out" || fail "client2 loaded libfabric"
 [ "$(stat_sum client2 same_host_connections)" -eq 1 ] || fail "client2: not same-host"
+# The client makes the link's region: the SO_RCVBUF it set before connecting sizes the rings,
+# as it sizes a fabric connection's (the environment's 256 KiB before).
+out=$(shim bufs 30 env RSTREAM_SAME_HOST=1 python3 "$prog" bufs "$port" 2>&1) ||
+	fail "the bufs client failed: $out"
+log "bufs: $out"
+[ "$(stat_sum bufs same_host_connections)" -eq 1 ] || fail "bufs: not same-host"
+[ "$out" = "rcv_space 1048576" ] || fail "bufs: SO_RCVBUF 1 MiB, but $out"
 finish "$server_pid" || fail "the server failed: $(tail -n 3 "$work/server.log")"
-[ "$(stat_sum server same_host_connections)" -eq 2 ] || fail "server: not 2 same-host connections"
+[ "$(stat_sum server same_host_connections)" -eq 3 ] || fail "server: not 3 same-host connections"
 [ "$(stat_sum server fallback_connections)" -eq 0 ] || fail "server: a connection fell back"
 
 # A server asleep on the connection when the link comes is woken to claim it: its client, whose
