@@ -116,6 +116,17 @@ int parseSize(const char *text, uint64_t *out)
     return 0;
 }
 
+// A number in (0, max]: seconds, a rate.
+bool parsePositive(const char *text, double max, double *out)
+{
+    char *end = nullptr;
+    const double v = strtod(text, &end);
+    if (end == text || *end || !(v > 0 && v <= max))
+        return false;
+    *out = v;
+    return true;
+}
+
 bool parsePort(const char *text, unsigned long max, uint16_t *out)
 {
     char *end = nullptr;
@@ -281,14 +292,10 @@ int runRr(int argc, char **argv, bool server)
                 return usageError("bad conns '%s' (1..4096)", value);
             opts.conns = uint32_t(conns);
         } else if (arg == "--rate" && !server) {
-            char *end = nullptr;
-            opts.rate = strtod(value, &end);
-            if (*end || !(opts.rate > 0 && opts.rate <= 1e7))
+            if (!parsePositive(value, 1e7, &opts.rate))
                 return usageError("bad rate '%s' (0..10000000 requests a second)", value);
         } else if (arg == "--seconds" && !server) {
-            char *end = nullptr;
-            opts.seconds = strtod(value, &end);
-            if (*end || !(opts.seconds > 0 && opts.seconds <= 3600))
+            if (!parsePositive(value, 3600, &opts.seconds))
                 return usageError("bad seconds '%s' (0..3600)", value);
         } else {
             return usageError("unknown option '%s'", argv[i - 1]);
@@ -375,9 +382,7 @@ int run(int argc, char **argv)
             opts.size = uint32_t(n);
             haveSize = true;
         } else if (arg == "--seconds" && !server) {
-            char *end = nullptr;
-            opts.seconds = strtod(value, &end);
-            if (*end || !(opts.seconds > 0 && opts.seconds <= 3600))
+            if (!parsePositive(value, 3600, &opts.seconds))
                 return usageError("bad seconds '%s' (0..3600)", value);
             haveSeconds = true;
         } else if (arg == "--transport" && !server) {
