@@ -47,11 +47,23 @@ log() {
 	printf '[%3ds] %s\n' $((SECONDS - e2e_t0)) "$*"
 }
 
-# Prints the last lines of every log and of every statistics file, then fails the test.
+# dump_shim_state PID...: each process's shim sockets as the shim sees them, written to that
+# process's stderr (its log) by the debugger, for a test that failed on a hang; nothing where
+# gdb is missing.
+dump_shim_state() {
+	local p
+	command -v gdb >/dev/null || return 0
+	for p in "$@"; do
+		timeout 60 gdb -batch -p "$p" -ex 'call (void)rstreamDebugDump()' >/dev/null 2>&1 || true
+	done
+}
+
+# Prints the last lines of every log (the programs' and rstream's own, *.rs) and of every
+# statistics file, then fails the test.
 fail() {
 	echo "FAIL: $*"
 	local f
-	for f in "$work"/*.log "$work"/stats/*.json; do
+	for f in "$work"/*.log "$work"/*.rs "$work"/stats/*.json; do
 		[ -f "$f" ] || continue
 		echo "---- ${f#"$work"/}"
 		# Progress lines end in \r: one line each, the last 200 characters of it.

@@ -26,6 +26,17 @@ import time
 
 role = sys.argv[1]
 
+
+def dump_state(pid):
+    """The shim's sockets of process pid, as it sees them, on that process's stderr (the
+    debugger's rstreamDebugDump); nothing where gdb is missing."""
+    import shutil
+    import subprocess
+    if shutil.which("gdb"):
+        subprocess.run(["gdb", "-batch", "-p", str(pid), "-ex", "call (void)rstreamDebugDump()"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+
+
 if role == "server":
     port, count = int(sys.argv[2]), int(sys.argv[3])
     srv = socket.create_server(("127.0.0.1", port))
@@ -98,15 +109,24 @@ if role == "bufs":
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
     s.settimeout(10)
     s.connect(("127.0.0.1", int(sys.argv[2])))
-    end = time.time() + 0.4
+    start = time.time()
+    end = start + 0.4
+    rounds = 0
     while time.time() < end:
         s.sendall(b"b" * 1024)
         got = b""
         while len(got) < 1024:
-            d = s.recv(1024 - len(got))
+            try:
+                d = s.recv(1024 - len(got))
+            except TimeoutError:
+                print("no echo for 10 s: round %d, %d of 1024 bytes back, %.3f s in"
+                      % (rounds, len(got), time.time() - start), flush=True)
+                dump_state(os.getpid())
+                sys.exit(1)
             if not d:
                 sys.exit("the server ended the connection")
             got += d
+        rounds += 1
     info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
     print("rcv_space %d" % struct.unpack_from("I", info, 96)[0])
     s.close()

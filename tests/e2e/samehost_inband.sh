@@ -43,8 +43,11 @@ grep -q "libfabric not loaded" <<<"$last_out" || fail "client2 loaded libfabric"
 [ "$(stat_sum client2 same_host_connections)" -eq 1 ] || fail "client2: not same-host"
 # The client makes the link's region: the SO_RCVBUF it set before connecting sizes the rings,
 # as it sizes a fabric connection's (the environment's 256 KiB before).
-out=$(shim bufs 30 env RSTREAM_SAME_HOST=1 python3 "$prog" bufs "$port" 2>&1) ||
+out=$(shim bufs 30 env RSTREAM_SAME_HOST=1 RSTREAM_LOG=debug RSTREAM_LOG_FILE="$work/bufs.rs" \
+	python3 "$prog" bufs "$port" 2>&1) || {
+	dump_shim_state $(pgrep -P "$server_pid")
 	fail "the bufs client failed: $out"
+}
 log "bufs: $out"
 [ "$(stat_sum bufs same_host_connections)" -eq 1 ] || fail "bufs: not same-host"
 [ "$out" = "rcv_space 1048576" ] || fail "bufs: SO_RCVBUF 1 MiB, but $out"
