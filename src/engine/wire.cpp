@@ -9,13 +9,6 @@
 
 namespace rstream::wire {
 
-std::optional<uint32_t> encodeData(uint32_t len)
-{
-    if (len == 0 || len > kMaxDataLen)
-        return std::nullopt;
-    return (static_cast<uint32_t>(Op::Data) << kOpShift) | len;
-}
-
 std::optional<uint32_t> encodeCredit(uint32_t slots, uint32_t ringUnits)
 {
     if (slots > kMaxSlots || ringUnits > kMaxRingUnits || (slots == 0 && ringUnits == 0))

@@ -113,7 +113,15 @@ struct Message
 uint64_t nextRingKey(uint64_t key);
 
 // Encoders return nullopt for a field out of range.
-std::optional<uint32_t> encodeData(uint32_t len);
+// Inline: every write encodes one, and an optional returned from another unit went through
+// memory, a store-forwarding stall (two stores, one wider load) that cost a server answering
+// 64 B requests 1 % of its time (perf annotate).
+inline std::optional<uint32_t> encodeData(uint32_t len)
+{
+    if (len == 0 || len > kMaxDataLen)
+        return std::nullopt;
+    return (static_cast<uint32_t>(Op::Data) << kOpShift) | len;
+}
 std::optional<uint32_t> encodeCredit(uint32_t slots, uint32_t ringUnits);
 uint32_t encodeCtrl(Ctrl code);
 // GROW to a ring of 2^log2 bytes; nullopt out of kMinRingLog2 .. kMaxRingLog2.
