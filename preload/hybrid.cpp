@@ -189,7 +189,20 @@ int HybridSocket::bind(const sockaddr *addr, socklen_t len)
     Mode m = mode();
     if (m == Mode::Fabric || m == Mode::Listener)
         return -EINVAL;
-    if (int r = sys::bind(fd_, addr, len); r < 0)
+    // Port 0: the kernel's pick, with a free fabric port beside it (a server on an ephemeral
+    // port, as tests and some services use, would otherwise get a kernel-only listener
+    // whenever its fabric port was another connection's ephemeral port).
+    bool noFabric;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        noFabric = noFabric_;
+    }
+    const bool pair = !noFabric && m == Mode::Undecided && addr &&
+                      (addr->sa_family == AF_INET || addr->sa_family == AF_INET6) &&
+                      addr->sa_family == family_ &&
+                      len >= (family_ == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6)) &&
+                      addressPort(addr) == 0;
+    if (int r = pair ? bindPortPair(addr, len) : sys::bind(fd_, addr, len); r < 0)
         return r;
     std::lock_guard<std::mutex> lock(mutex_);
     boundLen_ = std::min<socklen_t>(len, sizeof(bound_));

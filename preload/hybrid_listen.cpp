@@ -17,6 +17,80 @@
 
 namespace rstream::shim {
 
+namespace {
+
+// Picks of the kernel's that bindPortPair() tries before it takes one as it is.
+constexpr int kPortPairTries = 16;
+
+} // namespace
+
+int HybridSocket::bindPortPair(const sockaddr *addr, socklen_t len)
+{
+    // The kernel's pick for port 0 is free, but the fabric listener takes fabricPort() of it,
+    // which may not be: in the ephemeral range, another connection's local port. listen() then
+    // fell back to a kernel-only listener (port_busy), whose clients all stay on kernel TCP: a
+    // clean-clone test run met it beside other tests' connections. So a pick whose fabric port
+    // binds too is taken (the fabric listener binds it at listen(), moments later). A pick
+    // turned down stays bound by its probe until the end, or the kernel would offer it again
+    // (it tries odd ports first, in order); with no pair in kPortPairTries picks, the kernel's
+    // own pick as before. Probes bind without SO_REUSEADDR, as strict as the fabric
+    // listener's bind can be.
+    // A client that defers its port to connect() (IP_BIND_ADDRESS_NO_PORT: proxies sharing
+    // ports across destinations) keeps that: no port is taken here.
+    int noPort = 0;
+    socklen_t olen = sizeof(noPort);
+    if (sys::getsockopt(fd_, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &noPort, &olen) == 0 && noPort)
+        return sys::bind(fd_, addr, len);
+    struct Held
+    {
+        int fds[kPortPairTries];
+        int n = 0;
+        ~Held()
+        {
+            for (int i = 0; i < n; i++)
+                sys::close(fds[i]);
+        }
+    } held;
+    sockaddr_storage want{};
+    std::memcpy(&want, addr, std::min<size_t>(len, sizeof(want)));
+    for (int i = 0; i < kPortPairTries; i++) {
+        const int probe = sys::socket(addr->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (probe < 0)
+            break;
+        sockaddr_storage got{};
+        socklen_t glen = sizeof(got);
+        int port = 0;
+        if (sys::bind(probe, addr, len) == 0 &&
+            sys::getsockname(probe, reinterpret_cast<sockaddr *>(&got), &glen) == 0)
+            port = addressPort(reinterpret_cast<sockaddr *>(&got));
+        const int fport = port && config_.portAllowed(port) ? config_.fabricPort(port) : 0;
+        if (!fport) {
+            sys::close(probe);
+            break; // no fabric port to pair it with: the kernel's pick
+        }
+        bool fabricFree = false;
+        if (const int fprobe = sys::socket(addr->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            fprobe >= 0) {
+            sockaddr_storage f = want;
+            setPort(&f, fport);
+            fabricFree = sys::bind(fprobe, reinterpret_cast<sockaddr *>(&f), len) == 0;
+            sys::close(fprobe);
+        }
+        if (!fabricFree) {
+            held.fds[held.n++] = probe;
+            continue;
+        }
+        sys::close(probe);
+        sockaddr_storage pick = want;
+        setPort(&pick, port);
+        const int r = sys::bind(fd_, reinterpret_cast<sockaddr *>(&pick), len);
+        if (r != -EADDRINUSE)
+            return r; // bound, or an error the program's own bind gets as well
+        // Taken between the probe's close and this bind: another pick.
+    }
+    return sys::bind(fd_, addr, len);
+}
+
 int HybridSocket::listen(int backlog)
 {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -38,6 +112,14 @@ int HybridSocket::listen(int backlog)
     if (int r = sys::getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen); r < 0)
         return r;
     bool kernelListens = false;
+    if (addressPort(reinterpret_cast<sockaddr *>(&local)) == 0 && !noFabric_ &&
+        local.ss_family == family_ && (family_ == AF_INET || family_ == AF_INET6) &&
+        bindPortPair(reinterpret_cast<sockaddr *>(&local), llen) == 0) {
+        // Unbound: bound as listen() would have (the wildcard address), to a paired port.
+        llen = sizeof(local);
+        if (int r = sys::getsockname(fd_, reinterpret_cast<sockaddr *>(&local), &llen); r < 0)
+            return r;
+    }
     if (addressPort(reinterpret_cast<sockaddr *>(&local)) == 0) {
         if (int r = sys::listen(fd_, backlog); r < 0)
             return r;
