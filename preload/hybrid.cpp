@@ -197,11 +197,7 @@ int HybridSocket::bind(const sockaddr *addr, socklen_t len)
         std::lock_guard<std::mutex> lock(mutex_);
         noFabric = noFabric_;
     }
-    const bool pair = !noFabric && m == Mode::Undecided && addr &&
-                      (addr->sa_family == AF_INET || addr->sa_family == AF_INET6) &&
-                      addr->sa_family == family_ &&
-                      len >= (family_ == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6)) &&
-                      addressPort(addr) == 0;
+    const bool pair = !noFabric && m == Mode::Undecided;
     if (int r = pair ? bindPortPair(addr, len) : sys::bind(fd_, addr, len); r < 0)
         return r;
     std::lock_guard<std::mutex> lock(mutex_);

@@ -437,8 +437,9 @@ private:
     // asks one fd (lookFds(): an epoll_wait, when it is all a pass checks); -1: none (a fork
     // child, or none could be made). Closed with the last reference: a pass may still use it.
     std::atomic<int> lookEp_{-1};
-    // bind(2) of fd_ to addr, whose port is 0: a port the kernel picks whose fabric port is
-    // free too, so that listen() gets its fabric listener (hybrid_listen.cpp).
+    // bind(2) of fd_ to addr; for port 0 of the socket's own family, a port the kernel picks
+    // whose fabric port is free too, so that listen() gets its fabric listener
+    // (hybrid_listen.cpp).
     int bindPortPair(const sockaddr *addr, socklen_t len);
     void openLookEpoll(Socket &s);                       // mutex_ held
     int listenerPollEvents(Socket *s, int events);       // Mode::Listener; s: its fabric listener

@@ -37,9 +37,13 @@ int HybridSocket::bindPortPair(const sockaddr *addr, socklen_t len)
     // listener's bind can be.
     // A client that defers its port to connect() (IP_BIND_ADDRESS_NO_PORT: proxies sharing
     // ports across destinations) keeps that: no port is taken here.
+    // Any other address (a port, another family, a short one) is bound as it is.
     int noPort = 0;
     socklen_t olen = sizeof(noPort);
-    if (sys::getsockopt(fd_, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &noPort, &olen) == 0 && noPort)
+    if (!addr || addr->sa_family != family_ || (family_ != AF_INET && family_ != AF_INET6) ||
+        len < (family_ == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6)) ||
+        addressPort(addr) != 0 ||
+        (sys::getsockopt(fd_, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &noPort, &olen) == 0 && noPort))
         return sys::bind(fd_, addr, len);
     struct Held
     {
@@ -113,7 +117,6 @@ int HybridSocket::listen(int backlog)
         return r;
     bool kernelListens = false;
     if (addressPort(reinterpret_cast<sockaddr *>(&local)) == 0 && !noFabric_ &&
-        local.ss_family == family_ && (family_ == AF_INET || family_ == AF_INET6) &&
         bindPortPair(reinterpret_cast<sockaddr *>(&local), llen) == 0) {
         // Unbound: bound as listen() would have (the wildcard address), to a paired port.
         llen = sizeof(local);

@@ -4,8 +4,9 @@
 # in a network namespace of its own whose ephemeral range is 40000-40001, with 40001's fabric
 # port (60001) held by a plain listener, servers that bind port 0 and ones that listen unbound
 # must each listen on 40000 with a fabric listener. The kernel picks 40001 first (odd ports
-# first): before, every one of them fell back to a kernel-only listener (port_busy). Skips (77)
-# where namespaces cannot be made.
+# first): before, every one of them fell back to a kernel-only listener (port_busy). A client
+# with IP_BIND_ADDRESS_NO_PORT still gets no port at bind. Skips (77) where namespaces cannot
+# be made.
 set -euo pipefail
 if [ "${E2E_LISTEN_PAIR_NETNS:-}" != 1 ]; then
 	if ! unshare -n true 2>/dev/null; then
@@ -52,4 +53,14 @@ for how in bind unbound; do
 	done
 	log "$how: 3 servers on port 40000 with their fabric listeners (40001's fabric port held)"
 done
+
+# A client that defers its port to connect() (IP_BIND_ADDRESS_NO_PORT) gets no port at bind.
+out=$(shim noport 30 python3 -c '
+import socket
+s = socket.socket()
+s.setsockopt(socket.IPPROTO_IP, 24, 1)  # IP_BIND_ADDRESS_NO_PORT
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])' 2>&1) || fail "noport: $out"
+[ "$out" = 0 ] || fail "IP_BIND_ADDRESS_NO_PORT: bind took port $out"
+log "IP_BIND_ADDRESS_NO_PORT: no port taken at bind"
 echo PASS
