@@ -274,6 +274,8 @@ public:
     size_t ringResidentBytes();
     size_t ownMemoryBytes();
     uint64_t ringReleases() const { return ringReleases_.load(std::memory_order_relaxed); }
+    // DATA words this end sent that rewound the peer's ring to its start (wire.h; tests).
+    uint64_t ringRewinds() const { return rewinds_.load(std::memory_order_relaxed); }
     // The spins blocking waits chose before sleeping, summed (AdaptiveSpin; tests).
     uint64_t spinChosenNs() const { return spinChosenNs_.load(std::memory_order_relaxed); }
 
@@ -440,11 +442,7 @@ private:
     int shShutdownLocked(int how);
     void shInfoLocked(Info *i);
     void shFlowLocked(FlowState *out);
-    uint64_t bytesMovedLocked() const
-    {
-        return bytesSent_.load(std::memory_order_relaxed) +
-               bytesReceived_.load(std::memory_order_relaxed);
-    }
+    uint64_t bytesMovedLocked() const; // sent and received, for the idle rings' timer
     size_t ringResidentLocked();
     void armRingTimerLocked();             // after the application moved bytes
     int64_t ringTickLocked(int64_t nowNs); // the timer: release or look again (0: disarmed)
@@ -540,7 +538,9 @@ private:
     PeerCredits peer_;
     LocalCredits local_;
     uint64_t peerRingAddr_ = 0;
-    uint64_t peerKey_ = 0; // of the peer's ring in use (wire::nextRingKey() after each SWITCH)
+    uint64_t peerKey_ = 0;    // of the peer's ring in use (wire::nextRingKey() after each SWITCH)
+    bool peerRewind_ = false; // the peer takes DATA words that rewind its ring (kDataRewind)
+    std::atomic<uint64_t> rewinds_{0}; // DATA words this end sent with kDataRewind (tests)
 
     // riomap windows. Ours: ids below the peer's ioMapSize; records go out in stream order.
     static constexpr uint32_t kRecordBufs = 8;

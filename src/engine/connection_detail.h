@@ -79,6 +79,9 @@ constexpr uint64_t kCoalesceMax = 16 * 1024;
 // The most a write may carry whole, past the ring's chunk size, when all of it fits the peer's
 // ring and nothing is in flight (flushLocked).
 constexpr uint64_t kWholeWriteMax = 64 * 1024;
+// The largest write that rewinds to the start of the peer's ring whenever it fits there
+// (flushLocked): a larger one only where it would otherwise be cut at the ring's end.
+constexpr uint64_t kRewindMax = 16 * 1024;
 // A receive slot that can take an IOMAP message: in iWarp mode the word and then the record.
 constexpr size_t kRecordMsgBytes = sizeof(uint32_t) + wire::kIoMapRecordSize;
 constexpr size_t kRecordSlotBytes = (kRecordMsgBytes + 7) & ~size_t(7);

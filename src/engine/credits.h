@@ -36,6 +36,15 @@ public:
     uint32_t slots() const { return slots_; }
     bool canSendData() const { return slots_ > kReservedSlots && ringAvail() > 0; }
     bool canSendCtrl() const { return slots_ > 0; }
+    // A write that rewinds to the start of the peer's ring (wire::kDataRewind) leaves the rest
+    // of the ring as padding: these bytes (0 at the start already). The padding takes credit as
+    // written bytes do, and comes back once the peer has read up to it and past it.
+    uint64_t rewindSkip() const
+    {
+        const uint64_t off = written_ % ringSize_;
+        return off ? ringSize_ - off : 0;
+    }
+    void onRewind() { written_ += rewindSkip(); }
     // Half the peer's slots or more are out. It returns credit for them once its progress has
     // taken them (LocalCredits::due(), whether or not its application read), so a sender that
     // holds small writes from here on is sure to be given a CREDIT that flushes them.

@@ -32,6 +32,8 @@ wire::Hello Connection::localHello() const
     h.ringSize = static_cast<uint32_t>(rx_.size);
     h.rxSlots = rxCount_;
     h.flags |= wire::kFlagGrow; // this end follows a peer's GROW
+    if (settings_.ringRewind)
+        h.flags |= wire::kFlagRewind;
     if (settings_.upgrade) {
         h.flags |= wire::kFlagUpgrade;
         h.process = processNonce();
@@ -51,6 +53,9 @@ int Connection::applyPeerHello(const wire::Hello &peer)
     // Only a peer that answers GROW with SWITCH is asked to follow a growing ring.
     if (!(peer.flags & wire::kFlagGrow))
         growth_.disableRecv();
+    // Rewinds go only to a peer that takes them, and only from an end that takes them too (one
+    // switch for both directions).
+    peerRewind_ = settings_.ringRewind && (peer.flags & wire::kFlagRewind);
     local_.init(rx_.size, rxCount_);
     windows_.init(peer.ioMapSize, settings_.ioMapSize);
     return 0;

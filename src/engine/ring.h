@@ -35,14 +35,59 @@ struct SendRing : Ring
     uint64_t appendSpan() const { return std::min(freeSpace(), toEnd(tail)); }
 };
 
-// The receive ring: the peer's writes land at written, the application reads at consumed.
+// The receive ring: the peer's writes land at written, the application reads at consumed. A
+// write that rewound to the ring's start (wire.h, kDataRewind) left the rest of the ring after
+// the bytes before it as padding: [padAt, padAt + padLen), up to the ring's end, holds no
+// data, and the bytes after it start at offset 0. One at a time: the peer's credit covers the
+// padding until the reader passes it (padLen is 0 again then).
 struct RecvRing : Ring
 {
     uint64_t written = 0;
     uint64_t consumed = 0;
+    uint64_t padAt = 0;
+    uint64_t padLen = 0;
 
-    uint64_t readable() const { return written - consumed; }
-    uint64_t readSpan() const { return std::min(readable(), toEnd(consumed)); }
+    uint64_t readable() const { return written - consumed - padLen; }
+    // The readable bytes from consumed on that come before the padding (all without one).
+    uint64_t readableToPad() const { return padLen ? padAt - consumed : readable(); }
+    uint64_t readSpan() const { return std::min(readableToPad(), toEnd(consumed)); }
+    // The bytes after the padding (0 without one): they start at offset 0.
+    uint64_t readableAfterPad() const { return readable() - readableToPad(); }
+
+    // A rewind at written: skip bytes of padding, passed at once when nothing before them is
+    // unread. Returns the positions consumed by it (skip or 0), owed back to the peer.
+    uint64_t pad(uint64_t skip)
+    {
+        const bool passed = consumed == written;
+        if (!passed && skip) {
+            padAt = written;
+            padLen = skip;
+        }
+        written += skip;
+        if (passed)
+            consumed = written;
+        return passed ? skip : 0;
+    }
+    // Consumes n readable bytes, passing the padding when they reach it. Returns the positions
+    // moved (n, plus the padding passed), which are owed back to the peer.
+    uint64_t consume(uint64_t n)
+    {
+        uint64_t moved = n;
+        if (padLen && consumed + n >= padAt) {
+            moved += padLen;
+            padLen = 0;
+        }
+        consumed += moved;
+        return moved;
+    }
+    // Everything written counts as read. Returns the positions moved.
+    uint64_t discardAll()
+    {
+        const uint64_t moved = written - consumed;
+        consumed = written;
+        padLen = 0;
+        return moved;
+    }
 };
 
 } // namespace rstream

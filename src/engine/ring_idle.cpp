@@ -55,6 +55,12 @@ size_t resident(uint8_t *base, size_t len)
 
 } // namespace
 
+uint64_t Connection::bytesMovedLocked() const
+{
+    return bytesSent_.load(std::memory_order_relaxed) +
+           bytesReceived_.load(std::memory_order_relaxed);
+}
+
 void Connection::armRingTimerLocked()
 {
     // Called on the application's progress: one branch and two loads while nothing changes.

@@ -44,7 +44,8 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
         {
             uint8_t *base;
             uint64_t size, off, len;
-        } spans[2];
+        } spans[4];
+        int nspans = 0;
         {
             std::lock_guard<std::mutex> lock(mutex_);
             // Data already reaped is returned without another CQ poll; the next call polls.
@@ -77,12 +78,17 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
             }
             state = peekRecvLocked();
             n = state > 0 ? std::min<uint64_t>(state, total - copied) : 0;
-            spans[0] = {rxOldBase_, rxOld_.size, 0, std::min(n, rxOld_.readable())};
-            if (spans[0].len)
-                spans[0].off = rxOld_.offset(rxOld_.consumed);
-            spans[1] = {recvBase_, rx_.size, 0, n - spans[0].len};
-            if (spans[1].len)
-                spans[1].off = rx_.offset(rx_.consumed);
+            // Per ring: the bytes up to a rewind's padding, then those after it (ring.h).
+            uint64_t want = n;
+            for (auto [base, ring] : {std::pair{rxOldBase_, &rxOld_}, std::pair{recvBase_, &rx_}}) {
+                const uint64_t first = std::min(want, ring->readableToPad());
+                if (first)
+                    spans[nspans++] = {base, ring->size, ring->offset(ring->consumed), first};
+                const uint64_t second = std::min(want - first, ring->readableAfterPad());
+                if (second)
+                    spans[nspans++] = {base, ring->size, 0, second};
+                want -= first + second;
+            }
             // MSG_PEEK with MSG_WAITALL waits until the whole length can be peeked.
             if ((flags & kPeek) && (flags & kWaitAll) && state > 0 && uint64_t(state) < total)
                 n = 0, state = -EAGAIN;
@@ -107,10 +113,9 @@ ssize_t Connection::recvv(const iovec *iov, int iovcnt, int flags, int timeoutMs
         }
         if (auto hook = testBeforeRecvCopy.load(std::memory_order_relaxed))
             hook(this);
-        for (size_t i = 0, done = 0; i < 2; done += spans[i].len, i++)
-            if (spans[i].len)
-                copyRing(spans[i].base, spans[i].size, spans[i].off, iov, iovcnt, copied + done,
-                         spans[i].len, false);
+        for (int i = 0, done = 0; i < nspans; done += spans[i].len, i++)
+            copyRing(spans[i].base, spans[i].size, spans[i].off, iov, iovcnt, copied + done,
+                     spans[i].len, false);
         if (flags & kPeek) {
             std::lock_guard<std::mutex> lock(mutex_);
             rxCopying_ = false;
@@ -295,6 +300,19 @@ void Connection::handleWordLocked(uint32_t word, const uint8_t *record)
     local_.onSlotReposted();
     switch (m->op) {
     case wire::Op::Data: {
+        if (m->rewind) {
+            // The write landed at the start of the ring: the rest of it, from the current
+            // position, is padding (ring.h). Only from a peer told it may (our hello), with no
+            // padding unread (one at a time), and within its credit with room left after it.
+            const uint64_t skip = rx_.offset(rx_.written) ? rx_.toEnd(rx_.written) : 0;
+            if (!settings_.ringRewind || rx_.padLen ||
+                rx_.written + skip - local_.reported() >= rx_.size) {
+                failLocked(-ECONNRESET, "peer rewound the ring beyond its credit");
+                return;
+            }
+            local_.onWritten(skip);
+            local_.onConsumed(rx_.pad(skip));
+        }
         uint64_t off = rx_.offset(rx_.written);
         // The peer may only write where we said there is room, and never across the end.
         if (peerShutWr_ || off + m->len > rx_.size ||
@@ -311,8 +329,7 @@ void Connection::handleWordLocked(uint32_t word, const uint8_t *record)
             // before it saw the close. A reset for it would cost the peer what it has not read.
             closeAllowance_ -= m->len;
             RS_LOG(Debug, "%u bytes after close dropped (allowed)", m->len);
-            rx_.consumed = rx_.written;
-            local_.onConsumed(m->len);
+            local_.onConsumed(rx_.discardAll());
             break;
         }
         if (closing_) {
@@ -323,8 +340,7 @@ void Connection::handleWordLocked(uint32_t word, const uint8_t *record)
         }
         if (shutRd_) {
             // Discarded, as the kernel does after SHUT_RD, so the peer is not blocked.
-            rx_.consumed = rx_.written;
-            local_.onConsumed(m->len);
+            local_.onConsumed(rx_.discardAll());
         } else if (local_.peerStarved() && growth_.recvEnabled()) {
             // The peer has no room left, and what it wrote is (nearly all) unread: it waits for
             // room the application may only make after it has written (request before reply,
@@ -394,7 +410,7 @@ void Connection::consumeLocked(uint64_t n)
 {
     // (Never past what was written: a reset may have discarded the bytes meanwhile.)
     uint64_t old = std::min(n, rxOld_.readable());
-    rxOld_.consumed += old;
+    rxOld_.consume(old); // (the old ring is credited no more)
     if (rxOld_.size && rxOld_.readable() == 0 && !rxCopying_) {
         // The old ring is done with: give its pages back (the peer writes the new one).
         madvise(rxOldBase_, rxOld_.size, MADV_DONTNEED);
@@ -402,8 +418,7 @@ void Connection::consumeLocked(uint64_t n)
         rxOldBase_ = nullptr;
     }
     uint64_t cur = std::min(n - old, rx_.readable());
-    rx_.consumed += cur;
-    local_.onConsumed(cur);
+    local_.onConsumed(rx_.consume(cur));
     if (growth_.onConsumed(old + cur, rx_.size))
         maybeGrowRecvLocked();
 }

@@ -76,6 +76,7 @@ Settings loadEnv()
     s.strict = config::getInt("RSTREAM_STRICT", s.strict) != 0;
     s.sameHost = config::getInt("RSTREAM_SAME_HOST", 1) != 0;
     s.quietSignal = config::getInt("RSTREAM_QUIET_SIGNAL", s.quietSignal) != 0;
+    s.ringRewind = config::getInt("RSTREAM_RING_REWIND", s.ringRewind) != 0;
     if (const char *p = config::getString("RSTREAM_PROVIDER"))
         s.provider = p;
     return s;

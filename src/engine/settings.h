@@ -47,6 +47,10 @@ struct Settings
     // On tcp up to libfabric 1.17, take the provider's completion signal out of a connected
     // endpoint's wait fd (quiet_signal.cpp). RSTREAM_QUIET_SIGNAL=0 keeps it.
     bool quietSignal = true;
+    // Take DATA words that rewind to the start of the receive ring (wire.h, kDataRewind): said
+    // in the hello, and a peer that says it gets them. RSTREAM_RING_REWIND=0 turns it off
+    // (both directions: this end then never rewinds either, towards any peer).
+    bool ringRewind = true;
     std::string provider; // empty: verbs when usable, else tcp
 
     // The defaults overridden by RSTREAM_* environment variables (the registry in configvars.h

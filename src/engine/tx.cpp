@@ -67,6 +67,11 @@ ssize_t Connection::sendv(const iovec *iov, int iovcnt, int flags, int timeoutMs
                                         peer_.ringSize()) &&
                     !(flags & kNonBlock);
             n = drain ? 0 : std::min<uint64_t>(static_cast<uint64_t>(space), total - sent);
+            // An empty send ring starts again at its beginning (positions only count: nothing
+            // in it is referenced), as the peer's ring does (kDataRewind), so that small
+            // messages keep to its first pages.
+            if (n > 0 && settings_.ringRewind && tx_.tail == tx_.done && tx_.offset(tx_.tail))
+                tx_.tail = tx_.posted = tx_.done = tx_.tail + tx_.toEnd(tx_.tail);
             pos = tx_.tail;
             base = sendBase_;
             size = tx_.size;
@@ -230,12 +235,23 @@ void Connection::flushLocked(bool force, bool uncork)
         const uint64_t chunk = txOps_.writesInFlight() == 0 && tx_.unsent() <= peer_.ringAvail()
                                    ? std::max(maxChunk, std::min(tx_.unsent(), kWholeWriteMax))
                                    : maxChunk;
-        uint64_t len = std::min({tx_.unsent(), tx_.toEnd(tx_.posted),
-                                 peer_.ringSize() - peer_.written() % peer_.ringSize(),
-                                 peer_.ringAvail(), chunk});
+        // A write that fits at the start of the peer's ring, past the room it is owed back,
+        // goes there (wire.h, kDataRewind), with the rest of the ring as padding: small
+        // messages then keep to the ring's first pages, which stay resident and in cache,
+        // instead of cycling through all of it (a ring touched whole by a request/response
+        // connection kept all its pages for good). A large write only when it would otherwise
+        // be cut at the ring's end: streaming, padding would only take room from the next one.
+        const uint64_t need = std::min(tx_.unsent(), chunk);
+        const uint64_t skip = peerRewind_ ? peer_.rewindSkip() : 0;
+        const bool rewind = skip && peer_.ringAvail() > skip && peer_.ringAvail() - skip >= need &&
+                            (need <= kRewindMax || need > skip);
+        const uint64_t dstOff = rewind ? 0 : peer_.written() % peer_.ringSize();
+        // (The padding takes skip bytes of the credit: what is left after it bounds the write.)
+        uint64_t len = std::min({tx_.unsent(), tx_.toEnd(tx_.posted), peer_.ringSize() - dstOff,
+                                 peer_.ringAvail() - (rewind ? skip : 0), chunk});
         uint64_t srcOff = tx_.offset(tx_.posted);
-        uint64_t dst = peerRingAddr_ + peer_.written() % peer_.ringSize();
-        const auto encoded = wire::encodeData(static_cast<uint32_t>(len));
+        uint64_t dst = peerRingAddr_ + dstOff;
+        const auto encoded = wire::encodeData(static_cast<uint32_t>(len), rewind);
         if (!RS_CHECK(encoded)) {
             failLocked(-ECONNRESET, "internal error");
             return;
@@ -289,6 +305,10 @@ void Connection::flushLocked(bool force, bool uncork)
         // or to wait for (provider_sends.h).
         if (!injectLeft)
             noteTxPostedLocked(writeWhole);
+        if (rewind) {
+            peer_.onRewind();
+            rewinds_.fetch_add(1, std::memory_order_relaxed);
+        }
         peer_.onDataSent(len);
         txOps_.countWrite();
         bytesSent_.fetch_add(len, std::memory_order_relaxed);

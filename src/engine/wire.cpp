@@ -50,10 +50,11 @@ std::optional<Message> decode(uint32_t word)
     Message m{};
     switch (word >> kOpShift) {
     case static_cast<uint32_t>(Op::Data):
-        if (payload == 0)
+        if ((payload & kMaxDataLen) == 0)
             return std::nullopt;
         m.op = Op::Data;
-        m.len = payload;
+        m.len = payload & kMaxDataLen;
+        m.rewind = payload & kDataRewind;
         return m;
     case static_cast<uint32_t>(Op::Credit):
         m.op = Op::Credit;
@@ -169,7 +170,7 @@ int decodeHello(const void *data, size_t len, Hello *out)
     }
     if (h.magic != kMagic || h.version != kVersion)
         return -EPROTO;
-    if (h.flags & ~(kFlagIwarp | kFlagVirtAddr | kFlagGrow | kFlagUpgrade))
+    if (h.flags & ~(kFlagIwarp | kFlagVirtAddr | kFlagGrow | kFlagUpgrade | kFlagRewind))
         return -EINVAL;
     if (h.ringSize < 1024 || h.ringSize > (1u << 28) || h.rxSlots < 4 || h.rxSlots > kMaxSlots)
         return -EINVAL;

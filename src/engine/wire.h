@@ -11,8 +11,19 @@
 //   |  op  |                      payload                       |
 //   +------+----------------------------------------------------+
 //
-//   op 0 DATA    payload = length in bytes (1 .. 2^29-1) of the write that landed at the
-//                receiver's current ring position (offsets are implicit: in order, never wrap)
+//   op 0 DATA    payload bits 27..0 = length in bytes (1 .. 2^28-1) of the write that landed
+//                                      at the receiver's current ring position (offsets are
+//                                      implicit: in order, never wrap)
+//                payload bit 28     = REWIND: the write landed at the start of the ring, not at
+//                                      the current position. Only towards a receiver whose hello
+//                                      has kFlagRewind, and only while the sender holds all of
+//                                      its ring credit (every byte it wrote was read and
+//                                      credited back); both ends then count the rest of the
+//                                      ring, from the current position to its end, as written,
+//                                      read and credited. A connection that moves small
+//                                      messages keeps to the first pages of its ring instead of
+//                                      cycling through all of it: fewer pages resident, and
+//                                      the same cache lines reused (see tx.cpp).
 //   op 1 CREDIT  payload bits 28..16 = receive slots returned (0 .. 8191)
 //                payload bits 15..0  = ring space returned, in units of 2^shift bytes, the
 //                                      smallest shift for which the whole receive ring fits
@@ -80,7 +91,8 @@ constexpr Ctrl kLastCtrl = Ctrl::Unmapped;
 
 constexpr unsigned kOpShift = 29;
 constexpr uint32_t kPayloadMask = (1u << kOpShift) - 1;
-constexpr uint32_t kMaxDataLen = kPayloadMask;
+constexpr uint32_t kDataRewind = 1u << 28;
+constexpr uint32_t kMaxDataLen = kDataRewind - 1;
 constexpr unsigned kSlotShift = 16;
 constexpr uint32_t kMaxSlots = (1u << 13) - 1;
 constexpr uint32_t kMaxRingUnits = 0xffff;
@@ -95,6 +107,7 @@ struct Message
 {
     Op op;
     uint32_t len = 0;       // Data
+    bool rewind = false;    // Data: landed at the start of the ring (kDataRewind)
     uint32_t slots = 0;     // Credit
     uint32_t ringUnits = 0; // Credit
     Ctrl ctrl{};            // Ctrl
@@ -116,11 +129,11 @@ uint64_t nextRingKey(uint64_t key);
 // Inline: every write encodes one, and an optional returned from another unit went through
 // memory, a store-forwarding stall (two stores, one wider load) that cost a server answering
 // 64 B requests 1 % of its time (perf annotate).
-inline std::optional<uint32_t> encodeData(uint32_t len)
+inline std::optional<uint32_t> encodeData(uint32_t len, bool rewind = false)
 {
     if (len == 0 || len > kMaxDataLen)
         return std::nullopt;
-    return (static_cast<uint32_t>(Op::Data) << kOpShift) | len;
+    return (static_cast<uint32_t>(Op::Data) << kOpShift) | (rewind ? kDataRewind : 0) | len;
 }
 std::optional<uint32_t> encodeCredit(uint32_t slots, uint32_t ringUnits);
 uint32_t encodeCtrl(Ctrl code);
@@ -181,6 +194,8 @@ enum HelloFlags : uint16_t
     // (connect) the sender can take a Defer refusal: it then connects over kernel TCP and
     // upgrades in-band (upgrade_wire.h); process identifies its process.
     kFlagUpgrade = 1 << 3,
+    // The sender of this hello takes DATA words with kDataRewind into its receive ring.
+    kFlagRewind = 1 << 4,
 };
 
 struct Hello

@@ -701,3 +701,88 @@ INSTANTIATE_TEST_SUITE_P(
                       SimParam{4096, 4, 4096, 4, true}, SimParam{32768, 5, 4096, 9, true},
                       SimParam{1 << 20, 16, 1024, 8191, true},
                       SimParam{1 << 20, 384, 1 << 20, 384, true}));
+
+// A rewind (wire::kDataRewind), both ends and the receive ring in step: the padding takes the
+// sender's credit until the reader has passed it, the write after it lands at offset 0 in room
+// the reader had freed, and once all is read and credited the sender holds the whole ring again.
+TEST(Rewind, PaddingTakesCreditUntilTheReaderPassesIt)
+{
+    PeerCredits p;
+    LocalCredits l;
+    RecvRing r;
+    r.size = 4096;
+    p.init(4096, 16, wire::creditShift(4096));
+    l.init(4096, 16);
+    EXPECT_EQ(p.rewindSkip(), 0u) << "at the start already";
+    p.onDataSent(1000);
+    l.onWritten(1000);
+    r.written += 1000;
+    EXPECT_EQ(p.rewindSkip(), 3096u);
+    EXPECT_EQ(p.ringAvail(), 3096u) << "no room at the start: no rewind";
+    l.onConsumed(r.consume(600));
+    ASSERT_EQ(p.onCredit(0, decodeCredit(l.take()).ringUnits), 0);
+    ASSERT_EQ(p.ringAvail(), 3696u);
+    // 600 bytes free at the start: a write of up to 600 may go there.
+    p.onRewind();
+    EXPECT_EQ(p.written(), 4096u);
+    EXPECT_EQ(p.ringAvail(), 600u);
+    const uint64_t skip = r.toEnd(r.written);
+    ASSERT_EQ(skip, 3096u);
+    ASSERT_LT(r.written + skip - l.reported(), r.size) << "the receiver's check";
+    l.onWritten(skip);
+    EXPECT_EQ(r.pad(skip), 0u) << "400 bytes before it are unread";
+    p.onDataSent(500);
+    EXPECT_EQ(r.offset(r.written), 0u) << "the write lands at the start";
+    r.written += 500;
+    l.onWritten(500);
+    EXPECT_EQ(r.readable(), 900u);
+    EXPECT_EQ(r.readableToPad(), 400u);
+    EXPECT_EQ(r.readableAfterPad(), 500u);
+    EXPECT_EQ(r.offset(r.consumed), 600u);
+    EXPECT_FALSE(l.peerStarved());
+    // Reading all of it passes the padding, which is owed back with the bytes.
+    const uint64_t moved = r.consume(900);
+    EXPECT_EQ(moved, 900u + 3096u);
+    EXPECT_EQ(r.padLen, 0u);
+    EXPECT_EQ(r.readable(), 0u);
+    l.onConsumed(moved);
+    ASSERT_TRUE(l.due());
+    ASSERT_EQ(p.onCredit(0, decodeCredit(l.take()).ringUnits), 0);
+    EXPECT_EQ(p.ringAvail(), 4096u) << "the whole ring again";
+    EXPECT_EQ(r.offset(r.consumed), 500u);
+}
+
+// With nothing unread a rewind's padding is passed at once, and owed back at once.
+TEST(Rewind, PaddingOfAReadRingIsPassedAtOnce)
+{
+    RecvRing r;
+    r.size = 4096;
+    r.written = r.consumed = 5000; // a lap and 904 bytes, all read
+    EXPECT_EQ(r.pad(r.toEnd(r.written)), 3192u);
+    EXPECT_EQ(r.padLen, 0u);
+    EXPECT_EQ(r.readable(), 0u);
+    EXPECT_EQ(r.offset(r.written), 0u);
+    EXPECT_EQ(r.consumed, r.written);
+}
+
+// Reading up to the padding exactly passes it; discarding everything drops it.
+TEST(Rewind, ReadingUpToThePaddingPassesIt)
+{
+    RecvRing r;
+    r.size = 4096;
+    r.written = 4000;
+    r.consumed = 3000;
+    EXPECT_EQ(r.pad(96), 0u);
+    r.written += 10;
+    EXPECT_EQ(r.readSpan(), 1000u) << "not into the padding";
+    EXPECT_EQ(r.consume(1000), 1096u);
+    EXPECT_EQ(r.padLen, 0u);
+    EXPECT_EQ(r.readable(), 10u);
+    EXPECT_EQ(r.readSpan(), 10u);
+    EXPECT_EQ(r.offset(r.consumed), 0u);
+    r.written += 4086 - 10;
+    EXPECT_EQ(r.pad(10), 0u);
+    EXPECT_EQ(r.discardAll(), 4086u + 10u);
+    EXPECT_EQ(r.readable(), 0u);
+    EXPECT_EQ(r.padLen, 0u);
+}

@@ -59,7 +59,10 @@ std::vector<uint32_t> samplePayloads()
 TEST(WireLayout, ConstantsMatchTheDocumentedLayout)
 {
     EXPECT_EQ(kOpShift, 29u);
-    EXPECT_EQ(kMaxDataLen, (1u << 29) - 1);
+    // DATA: 28 bits of length, and the rewind bit above them.
+    EXPECT_EQ(kMaxDataLen, (1u << 28) - 1);
+    EXPECT_EQ(kDataRewind, 1u << 28);
+    EXPECT_EQ(kDataRewind | kMaxDataLen, kPayloadMask);
     EXPECT_EQ(kMaxSlots, 8191u);
     EXPECT_EQ(kMaxRingUnits, 0xffffu);
     // Slots and ring units share the payload without overlapping.
@@ -89,10 +92,31 @@ TEST(WireData, RoundTripsAtTheEdgesAndAcrossTheRange)
     }
 }
 
+TEST(WireData, RewindIsABitBesideTheLength)
+{
+    for (uint32_t len : {1u, 64u, 4096u, kMaxDataLen}) {
+        auto word = encodeData(len, true);
+        ASSERT_TRUE(word) << "len " << len;
+        EXPECT_EQ(*word, (static_cast<uint32_t>(Op::Data) << kOpShift) | kDataRewind | len);
+        auto m = decode(*word);
+        ASSERT_TRUE(m) << "len " << len;
+        EXPECT_EQ(m->op, Op::Data);
+        EXPECT_EQ(m->len, len);
+        EXPECT_TRUE(m->rewind);
+        auto plain = decode(*encodeData(len));
+        ASSERT_TRUE(plain);
+        EXPECT_FALSE(plain->rewind);
+    }
+    // A rewind still says how many bytes landed: none is malformed.
+    EXPECT_FALSE(encodeData(0, true));
+    EXPECT_FALSE(decode(kDataRewind));
+}
+
 TEST(WireData, EncoderRejectsOutOfRangeLengths)
 {
     EXPECT_FALSE(encodeData(0));
     EXPECT_FALSE(encodeData(kMaxDataLen + 1));
+    EXPECT_FALSE(encodeData(kMaxDataLen + 1, true));
     EXPECT_FALSE(encodeData(1u << 30));
     EXPECT_FALSE(encodeData(0xffffffffu));
 }
@@ -255,7 +279,7 @@ TEST(WireDecode, AgreesWithTheEncodersForEveryOp)
             std::optional<uint32_t> reencoded;
             switch (op) {
             case 0:
-                reencoded = encodeData(payload);
+                reencoded = encodeData(payload & kMaxDataLen, payload & kDataRewind);
                 break;
             case 1:
                 reencoded = encodeCredit(payload >> kSlotShift, payload & kMaxRingUnits);
@@ -283,7 +307,7 @@ TEST(WireDecode, AgreesWithTheEncodersForEveryOp)
             ASSERT_EQ(static_cast<uint32_t>(m->op), op);
             switch (m->op) {
             case Op::Data:
-                ASSERT_EQ(m->len, payload);
+                ASSERT_EQ(m->len | (m->rewind ? kDataRewind : 0), payload);
                 break;
             case Op::Credit:
                 ASSERT_EQ((m->slots << kSlotShift) | m->ringUnits, payload);
@@ -496,9 +520,10 @@ TEST(WireHello, RejectsBadMagicVersionOrLength)
 
 TEST(WireHello, RejectsUnknownFlags)
 {
-    EXPECT_EQ(decodeModified([](Hello &h) { h.flags |= 1 << 4; }), -EINVAL);
+    EXPECT_EQ(decodeModified([](Hello &h) { h.flags |= 1 << 5; }), -EINVAL);
     EXPECT_EQ(decodeModified([](Hello &h) { h.flags |= kFlagGrow; }), 0);
     EXPECT_EQ(decodeModified([](Hello &h) { h.flags |= kFlagUpgrade; }), 0);
+    EXPECT_EQ(decodeModified([](Hello &h) { h.flags |= kFlagRewind; }), 0);
     EXPECT_EQ(decodeModified([](Hello &h) { h.flags |= 1 << 15; }), -EINVAL);
     EXPECT_EQ(decodeModified([](Hello &h) { h.flags = 0xffff; }), -EINVAL);
     EXPECT_EQ(decodeModified([](Hello &h) {

@@ -31,7 +31,7 @@ void words(const uint8_t *data, size_t size)
             continue;
         switch (m->op) {
         case Op::Data:
-            check(encodeData(m->len) == w);
+            check(encodeData(m->len, m->rewind) == w);
             break;
         case Op::Credit:
             check(encodeCredit(m->slots, m->ringUnits) == w);
