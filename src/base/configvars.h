@@ -60,7 +60,7 @@ inline constexpr ConfigVar kConfigVars[] = {
     {"RSTREAM_QUIET_SIGNAL", Kind::Flag, 0, 1, "1",
      "0: tcp (libfabric 1.17 and older) wakes a connection's wait fd for each completion"},
     {"RSTREAM_RING_REWIND", Kind::Flag, 0, 1, "1",
-     "0: small messages cycle through the whole ring instead of its first pages"},
+     "0: small messages cycle through the whole of the rings instead of their first pages"},
     {"RSTREAM_LOG", Kind::Level, 0, 4, "warn", "log level"},
     {"RSTREAM_LOG_FILE", Kind::Text, 0, 0, "", "log file (%p = pid; empty: stderr)"},
     {"RSTREAM_BACKTRACE", Kind::Flag, 0, 1, "1",

@@ -16,6 +16,9 @@
 namespace rstream {
 
 namespace {
+// An empty ring starts again at offset 0 once its bytes reach this far into it: a page, so that
+// small messages keep to the first two and the rebase costs a store only now and then.
+constexpr uint64_t kRebaseAfter = 4096;
 void storeMax(std::atomic<uint64_t> &a, uint64_t v)
 {
     uint64_t cur = a.load(std::memory_order_relaxed);
@@ -71,6 +74,17 @@ size_t SameHostLink::write(const iovec *iov, int iovcnt, size_t skip, size_t len
         return 0;
     }
     storeMax(txHeadSeen_, head);
+    // Read whole and a page or more past where its bytes last started: the next start at the
+    // ring's beginning again (samehost.h). Nothing is held back either (head == tail), so the
+    // peer reads no byte of the old placement after this.
+    uint64_t size = txSize_.load(std::memory_order_relaxed);
+    uint64_t base = txBase_.load(std::memory_order_relaxed);
+    const uint64_t growAt = txGrowAt_.load(std::memory_order_relaxed);
+    if (rebase_.load(std::memory_order_relaxed) && head == tail &&
+        offsetOf(tail, base, txInit_, size, growAt) >= kRebaseAfter) {
+        tx_->tail.rebaseAt.store(tail, std::memory_order_relaxed); // before tail (release)
+        txBase_.store(base = tail, std::memory_order_relaxed);
+    }
     uint64_t max = txMaxTail(head);
     if (max < tail + len && txGrowTo_.load(std::memory_order_relaxed) > txSize_.load()) {
         grow(tail); // full: a bulk writer, or a peer that leaves its bytes unread for now
@@ -80,10 +94,9 @@ size_t SameHostLink::write(const iovec *iov, int iovcnt, size_t skip, size_t len
     if (n == 0)
         return 0;
     // Every write after a growth is past its position: the bigger ring's place for it.
-    const uint64_t size = txSize_.load(std::memory_order_relaxed);
+    size = txSize_.load(std::memory_order_relaxed);
     const uint64_t off =
-        size == txInit_ ? tail & (size - 1)
-                        : (tail - txGrowAt_.load(std::memory_order_relaxed) + txInit_) & (size - 1);
+        offsetOf(tail, base, txInit_, size, txGrowAt_.load(std::memory_order_relaxed));
     copyRing(txRing_, size, off, iov, iovcnt, skip, n, true);
     txTail_.store(tail + n, std::memory_order_release);
     if (!hold) {
@@ -164,16 +177,20 @@ uint64_t SameHostLink::rxMaxTail(uint64_t head)
 void SameHostLink::copyOut(uint64_t head, const iovec *iov, int iovcnt, size_t skip, size_t n)
 {
     const uint64_t size = rxSize_.load(std::memory_order_acquire);
+    const uint64_t base = rxBase_.load(std::memory_order_relaxed);
     if (size == rxInit_) {
-        copyRing(rxRing_, size, head & (size - 1), iov, iovcnt, skip, n, false);
+        copyRing(rxRing_, size, offsetOf(head, base, rxInit_, size, 0), iov, iovcnt, skip, n,
+                 false);
         return;
     }
+    // The bytes before a growth made after the last rebase are in the first ring's place.
     const uint64_t at = rxGrowAt_.load(std::memory_order_relaxed);
-    const uint64_t first = head < at ? std::min<uint64_t>(n, at - head) : 0;
+    const uint64_t first = head < at && at > base ? std::min<uint64_t>(n, at - head) : 0;
     if (first)
-        copyRing(rxRing_, rxInit_, head & (rxInit_ - 1), iov, iovcnt, skip, first, false);
+        copyRing(rxRing_, rxInit_, offsetOf(head, base, rxInit_, size, at), iov, iovcnt, skip,
+                 first, false);
     if (n > first)
-        copyRing(rxRing_, size, (head + first - at + rxInit_) & (size - 1), iov, iovcnt,
+        copyRing(rxRing_, size, offsetOf(head + first, base, rxInit_, size, at), iov, iovcnt,
                  skip + first, n - first, false);
 }
 
@@ -216,6 +233,16 @@ size_t SameHostLink::read(const iovec *iov, int iovcnt, size_t skip, size_t len,
         return 0;
     }
     storeMax(rxTailSeen_, tail);
+    // A rebase published with (or before) this tail: stored while the ring was empty, so only
+    // at the position this end has read up to.
+    if (const uint64_t at = rx_->tail.rebaseAt.load(std::memory_order_relaxed);
+        at != rxBase_.load(std::memory_order_relaxed)) {
+        if (at != head) {
+            corrupt("rebase index");
+            return 0;
+        }
+        rxBase_.store(at, std::memory_order_relaxed);
+    }
     const uint64_t n = std::min<uint64_t>(len, tail - head);
     if (n == 0)
         return 0;

@@ -32,6 +32,13 @@
 // from it at (pos + first size - growAt) mod the new size. Until the consumer has read past
 // growAt the producer writes no more than the new part holds.
 //
+// A producer that finds its ring empty, at least a page past where its bytes last started, has
+// the next bytes start at the ring's offset 0 again: it stores their position (rebaseAt, beside
+// tail) before any tail past it. The consumer, which has read everything before it, takes it on
+// at that position: from there a byte at pos is at (pos - rebaseAt) mod the size (and a growth
+// after it counts from growAt as above). A connection moving small messages keeps to its rings'
+// first pages instead of cycling through them, which stayed resident until it went idle.
+//
 // The peer is untrusted: every index and flag it writes is read once, checked against what this
 // end knows (tail never behind what was seen nor more than a ring ahead of head, head never past
 // tail), and a bad one resets the connection. Offsets are taken modulo the ring size this end
@@ -51,7 +58,7 @@ namespace rstream {
 
 namespace shm {
 constexpr uint32_t kMagic = 0x52534831; // "RSH1"
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;        // 3: rebaseAt
 // The producer's flags: no more data after tail (SHUT_WR, close), or an abortive close.
 constexpr uint64_t kShutWr = 1;
 constexpr uint64_t kReset = 2;
@@ -67,10 +74,18 @@ struct alignas(64) Word
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared words must be lock-free");
 
+// The producer's tail and where its bytes last started at the ring's offset 0, on one line: the
+// consumer reads both at each look.
+struct alignas(64) TailWords
+{
+    std::atomic<uint64_t> v;        // bytes written, ever
+    std::atomic<uint64_t> rebaseAt; // stored while the ring was empty, before a tail past it
+};
+
 // One direction's words, each on a cache line of its own.
 struct DirCtl
 {
-    Word tail;          // producer: bytes written, ever
+    TailWords tail;     // producer
     Word flags;         // producer: kShutWr, kReset
     Word head;          // consumer: bytes consumed, ever
     Word readerWaiting; // consumer sets 1 before sleeping; the producer clears it and wakes it
@@ -129,6 +144,8 @@ public:
     // the region's capacity), once, when a write finds it full; 0: it keeps its size (SO_SNDBUF
     // set, as Linux stops growing a buffer whose size was set).
     void allowGrowth(uint64_t upTo);
+    // Sender side: whether an empty send ring starts again at its beginning (Settings::ringRewind).
+    void allowRebase(bool on) { rebase_.store(on, std::memory_order_relaxed); }
     uint64_t sendRingMax() const { return txCap_; }
     // Whether a write into the full ring would grow it (write() grows it then).
     bool canGrow() const { return txGrowTo_.load(std::memory_order_relaxed) != 0; }
@@ -221,6 +238,15 @@ private:
     uint64_t rxMaxTail(uint64_t head);
     bool adoptRxGrowth();
     void grow(uint64_t tail);
+    // Where the byte at pos is in a ring of size now that started at init bytes, with the bytes
+    // from base at offset 0 and, if it grew, those from growAt after the first ring's place.
+    static uint64_t offsetOf(uint64_t pos, uint64_t base, uint64_t init, uint64_t size,
+                             uint64_t growAt)
+    {
+        if (size != init && pos >= growAt && growAt > base)
+            return (pos - growAt + init) & (size - 1);
+        return (pos - base) & ((size != init && base >= growAt ? size : init) - 1);
+    }
     void copyOut(uint64_t head, const iovec *iov, int iovcnt, size_t skip, size_t n);
 
     uint8_t *mem_ = nullptr;
@@ -236,6 +262,10 @@ private:
     uint64_t txInit_ = 0, rxInit_ = 0, txCap_ = 0, rxCap_ = 0;
     std::atomic<uint64_t> txSize_{0}, rxSize_{0};
     std::atomic<uint64_t> txGrowAt_{0}, rxGrowAt_{0};
+    // Where the bytes last started at offset 0 again (rebaseAt): this end's own, as it stored it
+    // and as it took the peer's on (the receiver's, one receiver at a time).
+    std::atomic<uint64_t> txBase_{0}, rxBase_{0};
+    std::atomic<bool> rebase_{true};
     std::atomic<uint64_t> txGrowTo_{0}; // the size a full send ring grows to; 0: none
     std::mutex rxGrowMutex_;            // lookers taking on the peer's growth
     // This end's own copies: the peer never writes these.

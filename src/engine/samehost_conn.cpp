@@ -67,6 +67,7 @@ void Connection::shConnectedLocked()
     // The send ring grows with use as far as the settings let a ring grow, unless its size was
     // set (SO_SNDBUF: sendBufMax is then sendBuf).
     sh_->allowGrowth(settings_.sendBufMax > settings_.sendBuf ? settings_.sendBufMax : 0);
+    sh_->allowRebase(settings_.ringRewind);
     changed_ = true;
     wakeSleepersLocked();
     if (userTimeoutNs_) // set before the connection was (shTimerLocked())
