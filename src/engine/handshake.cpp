@@ -317,6 +317,10 @@ int Connection::acceptLocked(fi_info *connreq, const wire::Hello &peer)
     if (ret < 0)
         return ret;
     wire::Hello mine = localHello();
+    // Rewinds are offered back only to an end that offered them: one of an earlier version
+    // refuses a hello with a flag it does not know.
+    if (!(peer.flags & wire::kFlagRewind))
+        mine.flags &= ~wire::kFlagRewind;
     if (settings_.sameHost && peer.token && cmMax >= wire::kHelloSameHostSize) {
         // The region goes to the peer's inbox before the answer, so it is there when the
         // answer arrives; declined, the connection stays on the fabric.

@@ -105,14 +105,15 @@ public:
         return r;
     }
 
-    // A connection with a valid hello for a ring of ringSize bytes, taking ioMapSize windows.
+    // A connection with a valid hello for a ring of ringSize bytes, taking ioMapSize windows;
+    // flags: more of the hello's flags (kFlagRewind).
     void connect(uint16_t port, bool virtAddr, bool iwarp, uint32_t ringSize,
-                 uint32_t ioMapSize = 0)
+                 uint32_t ioMapSize = 0, uint16_t flags = 0)
     {
         open(port);
         wire::Hello h;
-        h.flags =
-            wire::kFlagGrow | (virtAddr ? wire::kFlagVirtAddr : 0) | (iwarp ? wire::kFlagIwarp : 0);
+        h.flags = wire::kFlagGrow | (virtAddr ? wire::kFlagVirtAddr : 0) |
+                  (iwarp ? wire::kFlagIwarp : 0) | flags;
         h.ringAddr = virtAddr ? 0x10000 : 0;
         h.ringKey = 1;
         h.ringSize = ringSize;

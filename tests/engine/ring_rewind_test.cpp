@@ -120,6 +120,24 @@ TEST_P(RingRewind, AnEndWithoutRewindsGetsAndSendsNone)
     }
 }
 
+// An end of an earlier version refuses a hello with a flag it does not know: the accepting end
+// offers rewinds only to a connecting end that offered them.
+TEST_P(RingRewind, OnlyAnEndThatOffersRewindsIsOfferedThem)
+{
+    for (const bool offers : {false, true}) {
+        SCOPED_TRACE(offers ? "offers" : "offers none");
+        auto l = listen(settings());
+        std::unique_ptr<Connection> accepted;
+        std::thread server([&] { EXPECT_EQ(l->accept(&accepted, false, 5000), 0); });
+        RawPeer peer;
+        peer.connect(port_, GetParam().strict, GetParam().iwarp, 4096, 0,
+                     offers ? wire::kFlagRewind : 0);
+        server.join();
+        ASSERT_TRUE(accepted);
+        EXPECT_EQ(bool(peer.accepted().flags & wire::kFlagRewind), offers);
+    }
+}
+
 // A raw peer that rewinds as an rstream peer does, with real bytes: after 20,000 bytes read and
 // credited back and 5,000 more unread, its next 3,000 go to the start of our 32 KiB ring, and the
 // application reads the 5,000 and then the 3,000, in order. A second rewind before the padding
@@ -132,7 +150,7 @@ TEST_P(RingRewind, APeersRewindIsReadInOrder)
         std::unique_ptr<Connection> accepted;
         std::thread server([&] { EXPECT_EQ(l->accept(&accepted, false, 5000), 0); });
         RawPeer peer;
-        peer.connect(port_, GetParam().strict, GetParam().iwarp, 4096);
+        peer.connect(port_, GetParam().strict, GetParam().iwarp, 4096, 0, wire::kFlagRewind);
         server.join();
         ASSERT_TRUE(accepted);
         const wire::Hello &h = peer.accepted();
@@ -205,7 +223,7 @@ TEST_P(RingRewind, APeerThatRewindsBeyondItsCreditIsReset)
         std::unique_ptr<Connection> accepted;
         std::thread server([&] { EXPECT_EQ(l->accept(&accepted, false, 5000), 0); });
         RawPeer peer;
-        peer.connect(port_, GetParam().strict, GetParam().iwarp, 4096);
+        peer.connect(port_, GetParam().strict, GetParam().iwarp, 4096, 0, wire::kFlagRewind);
         server.join();
         ASSERT_TRUE(accepted);
         EXPECT_EQ(bool(peer.accepted().flags & wire::kFlagRewind), c.takes);
