@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -113,6 +114,22 @@ inline void sendAll(Connection &c, const uint8_t *p, size_t n, std::mt19937 &rng
         ssize_t r = c.send(p + off, chunk);
         ASSERT_GT(r, 0) << strerror(-r);
         off += r;
+    }
+}
+
+// rounds request/response exchanges of size-byte messages from a to b and back, contents checked.
+inline void pingPong(Connection &a, Connection &b, int rounds, size_t size)
+{
+    std::vector<uint8_t> out(size), in(size);
+    for (int i = 0; i < rounds; i++) {
+        for (size_t k = 0; k < size; k++)
+            out[k] = static_cast<uint8_t>(i * 31 + k);
+        ASSERT_EQ(a.send(out.data(), size), ssize_t(size));
+        ASSERT_EQ(b.recv(in.data(), size, kWaitAll, 5000), ssize_t(size));
+        ASSERT_EQ(in, out) << "request " << i;
+        ASSERT_EQ(b.send(in.data(), size), ssize_t(size));
+        ASSERT_EQ(a.recv(in.data(), size, kWaitAll, 5000), ssize_t(size));
+        ASSERT_EQ(in, out) << "reply " << i;
     }
 }
 

@@ -29,20 +29,16 @@ protected:
             GTEST_SKIP() << "same-host links have rings of their own";
     }
 
-    // rounds request/response exchanges of size-byte messages, both ways, contents checked.
-    static void pingPong(Connection &a, Connection &b, int rounds, size_t size)
+    // A connection accepted from a raw peer whose hello has flags besides the usual ones.
+    std::unique_ptr<Connection> acceptRaw(RawPeer *peer, const Settings &s, uint16_t flags)
     {
-        std::vector<uint8_t> out(size), in(size);
-        for (int i = 0; i < rounds; i++) {
-            for (size_t k = 0; k < size; k++)
-                out[k] = static_cast<uint8_t>(i * 31 + k);
-            ASSERT_EQ(a.send(out.data(), size), ssize_t(size));
-            ASSERT_EQ(b.recv(in.data(), size, kWaitAll, 5000), ssize_t(size));
-            ASSERT_EQ(in, out) << "request " << i;
-            ASSERT_EQ(b.send(in.data(), size), ssize_t(size));
-            ASSERT_EQ(a.recv(in.data(), size, kWaitAll, 5000), ssize_t(size));
-            ASSERT_EQ(in, out) << "reply " << i;
-        }
+        auto l = listen(s);
+        std::unique_ptr<Connection> accepted;
+        std::thread t([&] { EXPECT_EQ(l->accept(&accepted, false, 5000), 0); });
+        peer->connect(port_, GetParam().strict, GetParam().iwarp, 4096, 0, flags);
+        t.join();
+        listener_ = std::move(l);
+        return accepted;
     }
 };
 
@@ -161,13 +157,8 @@ TEST_P(RingRewind, OnlyAnEndThatOffersRewindsIsOfferedThem)
 {
     for (const bool offers : {false, true}) {
         SCOPED_TRACE(offers ? "offers" : "offers none");
-        auto l = listen(settings());
-        std::unique_ptr<Connection> accepted;
-        std::thread server([&] { EXPECT_EQ(l->accept(&accepted, false, 5000), 0); });
         RawPeer peer;
-        peer.connect(port_, GetParam().strict, GetParam().iwarp, 4096, 0,
-                     offers ? wire::kFlagRewind : 0);
-        server.join();
+        auto accepted = acceptRaw(&peer, settings(), offers ? wire::kFlagRewind : 0);
         ASSERT_TRUE(accepted);
         EXPECT_EQ(bool(peer.accepted().flags & wire::kFlagRewind), offers);
     }
@@ -181,12 +172,8 @@ TEST_P(RingRewind, APeersRewindIsReadInOrder)
 {
     for (const bool second : {false, true}) {
         SCOPED_TRACE(second ? "a second rewind" : "one rewind");
-        auto l = listen(settings());
-        std::unique_ptr<Connection> accepted;
-        std::thread server([&] { EXPECT_EQ(l->accept(&accepted, false, 5000), 0); });
         RawPeer peer;
-        peer.connect(port_, GetParam().strict, GetParam().iwarp, 4096, 0, wire::kFlagRewind);
-        server.join();
+        auto accepted = acceptRaw(&peer, settings(), wire::kFlagRewind);
         ASSERT_TRUE(accepted);
         const wire::Hello &h = peer.accepted();
         ASSERT_TRUE(h.flags & wire::kFlagRewind);
@@ -254,12 +241,8 @@ TEST_P(RingRewind, APeerThatRewindsBeyondItsCreditIsReset)
         SCOPED_TRACE(c.what);
         Settings s = settings();
         s.ringRewind = c.takes;
-        auto l = listen(s);
-        std::unique_ptr<Connection> accepted;
-        std::thread server([&] { EXPECT_EQ(l->accept(&accepted, false, 5000), 0); });
         RawPeer peer;
-        peer.connect(port_, GetParam().strict, GetParam().iwarp, 4096, 0, wire::kFlagRewind);
-        server.join();
+        auto accepted = acceptRaw(&peer, s, wire::kFlagRewind);
         ASSERT_TRUE(accepted);
         EXPECT_EQ(bool(peer.accepted().flags & wire::kFlagRewind), c.takes);
         char buf[200];

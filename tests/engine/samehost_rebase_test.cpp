@@ -19,21 +19,6 @@ namespace {
 class SameHostRebase : public SameHostTest
 {};
 
-void pingPong(Connection &a, Connection &b, int rounds, size_t size)
-{
-    std::vector<uint8_t> out(size), in(size);
-    for (int i = 0; i < rounds; i++) {
-        for (size_t k = 0; k < size; k++)
-            out[k] = static_cast<uint8_t>(i * 31 + k);
-        ASSERT_EQ(a.send(out.data(), size), ssize_t(size));
-        ASSERT_EQ(b.recv(in.data(), size, kWaitAll, 5000), ssize_t(size));
-        ASSERT_EQ(in, out) << "request " << i;
-        ASSERT_EQ(b.send(in.data(), size), ssize_t(size));
-        ASSERT_EQ(a.recv(in.data(), size, kWaitAll, 5000), ssize_t(size));
-        ASSERT_EQ(in, out) << "reply " << i;
-    }
-}
-
 // 3,000 round trips of 100 bytes move more than the rings hold each way. Without rebases every
 // page of both rings ends up resident until the connection idles; with them the first ones are
 // used again. (The region is one, mapped by both ends: one end's count is all of it.)
