@@ -258,19 +258,20 @@ std::string Connection::debugState()
                " err=" + std::to_string(error_) + " sleepers=" + std::to_string(sleepers_.size()) +
                " " + sh_->debugState();
     char buf[512];
-    std::snprintf(buf, sizeof(buf),
-                  "state=%d err=%d rx(w=%llu c=%llu) tx(tail=%llu posted=%llu done=%llu) "
-                  "ops=%llu/%llu inflight=%llu inject=%d watched=%d sleepers=%zu peerShutWr=%d "
-                  "closing=%d closed=%d rings(tx=%llu rx=%llu old=%llu peer=%llu grow=%d/%llu)",
-                  static_cast<int>(state_), error_, (unsigned long long)rx_.written,
-                  (unsigned long long)rx_.consumed, (unsigned long long)tx_.tail,
-                  (unsigned long long)tx_.posted, (unsigned long long)tx_.done,
-                  (unsigned long long)txOps_.head(), (unsigned long long)txOps_.next(),
-                  (unsigned long long)txOps_.writesInFlight(), int(txOps_.injectPending()),
-                  int(watched_), sleepers_.size(), int(peerShutWr_), int(closing_), int(closed_),
-                  (unsigned long long)tx_.size, (unsigned long long)rx_.size,
-                  (unsigned long long)rxOld_.readable(), (unsigned long long)peer_.ringSize(),
-                  int(growth_.growSent()), (unsigned long long)growth_.switchTo());
+    std::snprintf(
+        buf, sizeof(buf),
+        "state=%d err=%d rx(w=%llu c=%llu pad=%llu@%llu) tx(tail=%llu posted=%llu done=%llu) "
+        "ops=%llu/%llu inflight=%llu inject=%d watched=%d sleepers=%zu peerShutWr=%d "
+        "closing=%d closed=%d rings(tx=%llu rx=%llu old=%llu peer=%llu grow=%d/%llu)",
+        static_cast<int>(state_), error_, (unsigned long long)rx_.written,
+        (unsigned long long)rx_.consumed, (unsigned long long)rx_.padLen,
+        (unsigned long long)rx_.padAt, (unsigned long long)tx_.tail, (unsigned long long)tx_.posted,
+        (unsigned long long)tx_.done, (unsigned long long)txOps_.head(),
+        (unsigned long long)txOps_.next(), (unsigned long long)txOps_.writesInFlight(),
+        int(txOps_.injectPending()), int(watched_), sleepers_.size(), int(peerShutWr_),
+        int(closing_), int(closed_), (unsigned long long)tx_.size, (unsigned long long)rx_.size,
+        (unsigned long long)rxOld_.readable(), (unsigned long long)peer_.ringSize(),
+        int(growth_.growSent()), (unsigned long long)growth_.switchTo());
     return buf;
 }
 

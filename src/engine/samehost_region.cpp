@@ -178,17 +178,20 @@ bool SameHostLink::releaseIdleRing()
 
 std::string SameHostLink::debugState() const
 {
-    char buf[320];
+    char buf[400];
     std::snprintf(
         buf, sizeof(buf),
-        "same-host(fd=%d rx ring=%llu tail=%llu head=%llu seen=%llu waiting=%llu flags=%llu | "
-        "tx ring=%llu tail=%llu pub=%llu peerHead=%llu waiting=%llu | gone=%d err=%d)",
+        "same-host(fd=%d rx ring=%llu tail=%llu head=%llu seen=%llu base=%llu/%llu waiting=%llu "
+        "flags=%llu | tx ring=%llu tail=%llu pub=%llu base=%llu peerHead=%llu waiting=%llu | "
+        "gone=%d err=%d)",
         sleepFd_, (unsigned long long)rxSize_.load(), (unsigned long long)rx_->tail.v.load(),
         (unsigned long long)rxHead_.load(), (unsigned long long)seenTail_,
+        (unsigned long long)rxBase_.load(), (unsigned long long)rx_->tail.rebaseAt.load(),
         (unsigned long long)rx_->readerWaiting.v.load(), (unsigned long long)rx_->flags.v.load(),
         (unsigned long long)txSize_.load(), (unsigned long long)txTail_.load(),
-        (unsigned long long)txPublished_.load(), (unsigned long long)tx_->head.v.load(),
-        (unsigned long long)tx_->writerWaiting.v.load(), int(peerGone_.load()), err_.load());
+        (unsigned long long)txPublished_.load(), (unsigned long long)txBase_.load(),
+        (unsigned long long)tx_->head.v.load(), (unsigned long long)tx_->writerWaiting.v.load(),
+        int(peerGone_.load()), err_.load());
     return buf;
 }
 
