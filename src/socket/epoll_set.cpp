@@ -31,10 +31,10 @@ EpollSet::~EpollSet()
 
 EpollSet::Entry *EpollSet::findLocked(uint64_t key)
 {
-    auto at = index_.find(static_cast<int>(key & 0xffffffff));
-    if (at == index_.end())
+    const size_t at = index_.find(static_cast<int>(key & 0xffffffff));
+    if (at == FdIndex::npos)
         return nullptr;
-    Entry &e = entries_[at->second];
+    Entry &e = entries_[at];
     return keyOf(e) == key ? &e : nullptr;
 }
 
@@ -59,9 +59,9 @@ int EpollSet::ctl(int op, int fd, const epoll_event *event, const std::shared_pt
     std::unique_lock<std::mutex> lock(mutex_);
     // Only this fd's entry may have to move to the kernel first (the others move at the next
     // wait): programs such as redis-benchmark modify their registrations at every request.
-    auto at = index_.find(fd);
-    if (at != index_.end() && migrateLocked(at->second))
-        at = index_.end();
+    size_t at = index_.find(fd);
+    if (at != FdIndex::npos && migrateLocked(at))
+        at = FdIndex::npos;
     if (forkGen_ != forkGeneration())
         forgetAfterForkLocked();
     if (!sock || sock->kernelFd() >= 0) {
@@ -81,12 +81,12 @@ int EpollSet::ctl(int op, int fd, const epoll_event *event, const std::shared_pt
         return -EFAULT;
     // An entry of an earlier socket under this number (closed since) is not this one's.
     Entry *e = nullptr;
-    if (at != index_.end()) {
-        if (entries_[at->second].sock.lock() == sock) {
-            e = &entries_[at->second];
+    if (at != FdIndex::npos) {
+        if (entries_[at].sock.lock() == sock) {
+            e = &entries_[at];
         } else {
-            eraseLocked(at->second);
-            at = index_.end();
+            eraseLocked(at);
+            at = FdIndex::npos;
         }
     }
     switch (op) {
@@ -95,7 +95,7 @@ int EpollSet::ctl(int op, int fd, const epoll_event *event, const std::shared_pt
             RS_LOG(Debug, "epoll %d: add of fd %d: already there", epfd_, fd);
             return -EEXIST;
         }
-        index_[fd] = entries_.size();
+        index_.set(fd, entries_.size());
         entries_.push_back(
             Entry{fd, nextSerial_++, sock, event->events, event->data, ~uint64_t(0), 0, false});
         if (nextSerial_ == 0)
@@ -120,7 +120,7 @@ int EpollSet::ctl(int op, int fd, const epoll_event *event, const std::shared_pt
             RS_LOG(Debug, "epoll %d: del of fd %d: not there", epfd_, fd);
             return -ENOENT;
         }
-        eraseLocked(at->second);
+        eraseLocked(at);
         return 0;
     default:
         return -EINVAL;
@@ -135,7 +135,7 @@ void EpollSet::eraseLocked(size_t i)
     index_.erase(entries_[i].fd);
     if (i + 1 != entries_.size()) {
         entries_[i] = std::move(entries_.back());
-        index_[entries_[i].fd] = i;
+        index_.set(entries_[i].fd, i);
     }
     entries_.pop_back();
 }
@@ -242,7 +242,7 @@ int EpollSet::collect(epoll_event *events, int maxevents, bool *kernelReady)
         }
         std::shared_ptr<Pollable> s = e->sock.lock();
         if (!s || s->kernelFd() >= 0) {
-            migrateLocked(index_[e->fd]); // closed, or fell back to kernel TCP
+            migrateLocked(index_.find(e->fd)); // closed, or fell back to kernel TCP
             continue;
         }
         // The watch first: what changes after the look marks the entry once it is parked. An

@@ -77,6 +77,46 @@ int selectFds(int nfds, fd_set *readfds, fd_set *writefds, fd_set *exceptfds, ti
 // itself, so that an epoll fd inside poll() or another epoll becomes readable as the kernel's
 // does.
 //
+// An epoll set's fd -> entry index: a vector for the fds below kFlat, which a program's sockets
+// nearly always are, a map above. A wait looks a member up by its fd for every key it takes: with
+// 200 members a hash map's lookups were 3 % of a same-host server's time.
+class FdIndex
+{
+public:
+    static constexpr size_t npos = ~size_t(0);
+    size_t find(int fd) const
+    {
+        if (fd >= 0 && fd < kFlat)
+            return size_t(fd) < flat_.size() ? flat_[fd] : npos;
+        const auto it = big_.find(fd);
+        return it == big_.end() ? npos : it->second;
+    }
+    void set(int fd, size_t i)
+    {
+        if (fd >= 0 && fd < kFlat) {
+            if (flat_.size() <= size_t(fd))
+                flat_.resize(size_t(fd) + 1, npos);
+            flat_[fd] = i;
+        } else {
+            big_[fd] = i;
+        }
+    }
+    void erase(int fd)
+    {
+        if (fd >= 0 && fd < kFlat) {
+            if (size_t(fd) < flat_.size())
+                flat_[fd] = npos;
+        } else {
+            big_.erase(fd);
+        }
+    }
+
+private:
+    static constexpr int kFlat = 65536;
+    std::vector<size_t> flat_;
+    std::unordered_map<int, size_t> big_;
+};
+
 // Like the kernel's, a wait looks only at members that may be ready, not at every member:
 // a member found with nothing to report is parked once its connection is armed (epoll_ready.cpp).
 // Its armed wait fd sits in an epoll of the set's own (the hint epoll), one-shot, and its
@@ -213,7 +253,7 @@ private:
     const int epfd_;
     std::mutex mutex_;
     std::vector<Entry> entries_;
-    std::unordered_map<int, size_t> index_; // fd -> its entry
+    FdIndex index_; // fd -> its entry
     uint32_t nextSerial_ = 1;
     std::vector<uint64_t> active_; // keys of the active entries, in the order they are looked at
     // The entries active now: active_ also holds the keys of entries gone since its last look (a
