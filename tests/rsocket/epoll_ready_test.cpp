@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <fcntl.h>
+#include <iterator>
 #include <memory>
 #include <netinet/in.h>
 #include <poll.h>
@@ -422,6 +423,32 @@ TEST_P(EpollReady, SignalDuringTheSpinEndsTheWaitWithEintr)
 
 INSTANTIATE_TEST_SUITE_P(Modes, EpollReady, ::testing::ValuesIn(kModes),
                          [](const auto &p) { return std::string(p.param.name); });
+
+// The set's fd -> entry index: low fds in a vector, high ones (past 65536, where a program that
+// raised its limit may have sockets) in a map, each found, moved and erased alone.
+TEST(EpollIndex, LowAndHighFdsAreKeptApart)
+{
+    FdIndex index;
+    const int fds[] = {0, 3, 1023, 65535, 65536, 70000, 1 << 30};
+    for (size_t i = 0; i < std::size(fds); i++)
+        EXPECT_EQ(index.find(fds[i]), FdIndex::npos) << fds[i];
+    for (size_t i = 0; i < std::size(fds); i++)
+        index.set(fds[i], i * 10);
+    for (size_t i = 0; i < std::size(fds); i++)
+        EXPECT_EQ(index.find(fds[i]), i * 10) << fds[i];
+    EXPECT_EQ(index.find(4), FdIndex::npos) << "a number between two set ones";
+    EXPECT_EQ(index.find(65537), FdIndex::npos);
+    EXPECT_EQ(index.find(-1), FdIndex::npos);
+    index.set(70000, 7);
+    index.erase(3);
+    index.erase(65536);
+    EXPECT_EQ(index.find(3), FdIndex::npos);
+    EXPECT_EQ(index.find(65536), FdIndex::npos);
+    EXPECT_EQ(index.find(70000), 7u);
+    EXPECT_EQ(index.find(1023), 20u);
+    index.erase(5000000); // never set: nothing happens
+    EXPECT_EQ(index.find(1 << 30), 60u);
+}
 
 } // namespace
 } // namespace rstream
