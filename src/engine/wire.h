@@ -16,14 +16,16 @@
 //                                      implicit: in order, never wrap)
 //                payload bit 28     = REWIND: the write landed at the start of the ring, not at
 //                                      the current position. Only towards a receiver whose hello
-//                                      has kFlagRewind, and only while the sender holds all of
-//                                      its ring credit (every byte it wrote was read and
-//                                      credited back); both ends then count the rest of the
-//                                      ring, from the current position to its end, as written,
-//                                      read and credited. A connection that moves small
-//                                      messages keeps to the first pages of its ring instead of
-//                                      cycling through all of it: fewer pages resident, and
-//                                      the same cache lines reused (see tx.cpp).
+//                                      has kFlagRewind, with no earlier padding unread. The rest
+//                                      of the ring, from the current position to its end, is
+//                                      padding (ring.h): both ends count it as written, it takes
+//                                      the sender's credit, and the receiver returns that credit
+//                                      once its reader has passed it, so the padding and the
+//                                      write together must fit the credit the sender holds. A
+//                                      connection that moves small messages keeps to the first
+//                                      pages of its ring instead of cycling through all of it:
+//                                      fewer pages resident, and the same cache lines reused
+//                                      (see tx.cpp).
 //   op 1 CREDIT  payload bits 28..16 = receive slots returned (0 .. 8191)
 //                payload bits 15..0  = ring space returned, in units of 2^shift bytes, the
 //                                      smallest shift for which the whole receive ring fits
