@@ -3,6 +3,7 @@
 // small messages keep to the first pages, every byte arrives across growths and rebases, and a
 // peer's rebase anywhere but where this end has read up to resets the connection.
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <random>
@@ -69,6 +70,24 @@ TEST_F(SameHostRebase, RebasesAroundAGrowthKeepEveryByte)
         ASSERT_EQ(checksum(out.data(), out.size()), checksum(in.data(), in.size()));
     }
     pingPong(*c, *a, 500, 333);
+}
+
+// A stream's writes do not rebase: its ring is read empty whenever the reader catches up, and
+// the lines just read are in the reader's cache (samehost.cpp, kRebaseMaxWrite). 32 KiB messages
+// go round the 256 KiB rings several times, each finding its ring empty, without a rebase; small
+// ones after them rebase.
+TEST_F(SameHostRebase, LargeWritesDoNotRebase)
+{
+    auto [c, a] = pair();
+    ASSERT_TRUE(c && a);
+    const std::atomic<uint64_t> &cAt = c->testSameHostLink()->testSendDir()->tail.rebaseAt;
+    const std::atomic<uint64_t> &aAt = a->testSameHostLink()->testSendDir()->tail.rebaseAt;
+    pingPong(*c, *a, 41, 32 * 1024); // ends 32 KiB into the ring
+    EXPECT_EQ(cAt.load(), 0u);
+    EXPECT_EQ(aAt.load(), 0u);
+    pingPong(*c, *a, 10, 100);
+    EXPECT_GT(cAt.load(), 0u);
+    EXPECT_GT(aAt.load(), 0u);
 }
 
 // A rebase the peer says its bytes take anywhere but where this end has read up to: the peer
