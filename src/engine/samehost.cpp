@@ -22,8 +22,8 @@ constexpr uint64_t kRebaseAfter = 4096;
 // Only for a write of at most this much, as the fabric's rewinds (kRewindMax). A stream's ring
 // is read empty whenever its reader catches up: the lines it just read are in the reader's
 // cache, and writing them again at once made each store take the line back from the other
-// core. iperf3 -P 4 with 64 KiB writes, the two ends on two CPUs, ran at 10-13 GB/s rebasing
-// against 30-32 without; 4 KiB writes gained by it (8-9 against 2-8 GB/s).
+// core. iperf3 -P 4 with 64 KiB writes, the two ends on two CPUs, ran at 16 GB/s at most rebasing
+// against up to 33 without; 4 KiB writes gained by it (8-9 against 2-8 GB/s).
 constexpr uint64_t kRebaseMaxWrite = 16 * 1024;
 void storeMax(std::atomic<uint64_t> &a, uint64_t v)
 {
