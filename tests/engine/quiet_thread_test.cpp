@@ -18,7 +18,21 @@
 namespace rstream {
 namespace {
 
-using QuietThreadTest = EngineTest;
+class QuietThreadTest : public EngineTest
+{
+protected:
+    // n connected pairs, their client ends in cs and server ends in ss.
+    void pairs(int n, std::vector<std::unique_ptr<Connection>> *cs,
+               std::vector<std::unique_ptr<Connection>> *ss)
+    {
+        for (int i = 0; i < n; i++) {
+            auto [c, s] = pair(settings(), settings());
+            ASSERT_TRUE(c && s);
+            cs->push_back(std::move(c));
+            ss->push_back(std::move(s));
+        }
+    }
+};
 using test::notInjectedQuiet;
 
 // A server that answers a request each millisecond or so, asleep in its receive between them.
@@ -80,6 +94,20 @@ ssize_t countingWrite(int fd, const void *buf, size_t len)
     return ::write(fd, buf, len);
 }
 
+// The engine's writes go through countingWrite for as long as it lives.
+struct CountedWrites
+{
+    CountedWrites()
+    {
+        table.write = countingWrite;
+        sys::bind(&table);
+    }
+    ~CountedWrites() { sys::bind(&sys::kLibc); }
+    CountedWrites(const CountedWrites &) = delete;
+    CountedWrites &operator=(const CountedWrites &) = delete;
+    sys::Calls table = sys::kLibc;
+};
+
 // A server that answers its connections in turn, each less often than the progress thread waits
 // before it reaps a quiet connection's write completions (kInjectIdleNs): the thread lets each
 // connection go between its answers, and each answer watches it again. The thread, asleep until
@@ -92,19 +120,10 @@ TEST_P(QuietThreadTest, AnswersInTurnDoNotWakeTheProgressThreadEachTime)
         GTEST_SKIP() << why;
     constexpr int kPairs = 4;
     std::vector<std::unique_ptr<Connection>> cs, ss;
-    for (int i = 0; i < kPairs; i++) {
-        auto [c, s] = pair(settings(), settings());
-        ASSERT_TRUE(c && s);
-        cs.push_back(std::move(c));
-        ss.push_back(std::move(s));
-    }
-    sys::Calls table = sys::kLibc;
-    table.write = countingWrite;
-    sys::bind(&table);
-    struct Unbind
-    {
-        ~Unbind() { sys::bind(&sys::kLibc); }
-    } unbind;
+    pairs(kPairs, &cs, &ss);
+    if (HasFatalFailure())
+        return;
+    CountedWrites counted;
     const std::vector<char> answer(1024, 'a'); // a write, not an inject
     std::vector<char> got(answer.size());
     auto round = [&](int k) {
@@ -148,19 +167,10 @@ TEST_P(QuietThreadTest, CreditReturnsOfBusyConnectionsDoNotWakeTheProgressThread
     constexpr int kRounds = 3000;
     constexpr size_t kSize = 64; // 188 KiB each way on each, into 32 KiB rings
     std::vector<std::unique_ptr<Connection>> cs, ss;
-    for (int i = 0; i < kPairs; i++) {
-        auto [c, s] = pair(settings(), settings());
-        ASSERT_TRUE(c && s);
-        cs.push_back(std::move(c));
-        ss.push_back(std::move(s));
-    }
-    sys::Calls table = sys::kLibc;
-    table.write = countingWrite;
-    sys::bind(&table);
-    struct Unbind
-    {
-        ~Unbind() { sys::bind(&sys::kLibc); }
-    } unbind;
+    pairs(kPairs, &cs, &ss);
+    if (HasFatalFailure())
+        return;
+    CountedWrites counted;
     std::atomic<bool> ok{true};
     gEngineWrites = 0;
     std::thread server([&ss, &ok] {
